@@ -1,0 +1,1 @@
+"""qmailpy: a qmail-compatible mail transfer agent."""

@@ -1,0 +1,131 @@
+"""The one queue interface both backends implement (DESIGN.md §4).
+
+qmail-send, qmail-qread, qmail-qstat and qmailctl talk to the queue only through
+this interface; qmail-queue's enqueue path lives in each backend's own module
+because it runs in a short-lived process that must import almost nothing.
+
+Channel names are "local" and "remote". Message numbers are mess inodes.
+Recipient records are envelope.ChannelRecord objects (offset, done, address);
+the offset is opaque to callers and only handed back to mark_done().
+"""
+from abc import ABC, abstractmethod
+
+
+class QueueError(Exception):
+    """A queue operation failed; the caller logs str(self) and retries later."""
+
+
+class Scheduled:
+    """Work found at startup: channel 'local'/'remote' due at `due`, or channel None = completion."""
+    __slots__ = ("n", "channel", "due")
+
+    def __init__(self, n, channel, due):
+        self.n, self.channel, self.due = n, channel, due
+
+    def __repr__(self):
+        return "Scheduled(%d, %r, %r)" % (self.n, self.channel, self.due)
+
+
+class Preprocessed:
+    """What preprocessing learned about a message: for the log lines and the scheduler."""
+    __slots__ = ("n", "sender", "size", "qp", "uid", "birth", "channels")
+
+    def __init__(self, n, sender, size, qp, uid, birth, channels):
+        self.n, self.sender, self.size, self.qp, self.uid = n, sender, size, qp, uid
+        self.birth = birth
+        self.channels = channels        # tuple of channel names that got recipients
+
+
+class MessageView:
+    """One queued message as qmail-qread and snapshots show it."""
+    __slots__ = ("n", "state", "birth", "size", "sender", "local", "remote", "bouncing", "error")
+
+    def __init__(self, n, state, birth=None, size=None, sender=None, local=(), remote=(),
+                 bouncing=False, error=None):
+        self.n, self.state, self.birth, self.size, self.sender = n, state, birth, size, sender
+        self.local, self.remote = list(local), list(remote)
+        self.bouncing, self.error = bouncing, error
+
+
+class QueueBackend(ABC):
+    """Abstract queue. Every method either succeeds or raises QueueError."""
+
+    name = None
+
+    # -- qmail-send: startup and new work ---------------------------------
+    @abstractmethod
+    def startup(self):
+        """Scheduled entries for everything preprocessed but unfinished (spec §6.1 step 4)."""
+
+    @abstractmethod
+    def new_work(self):
+        """Message numbers queued but not yet preprocessed (the todo scan)."""
+
+    @abstractmethod
+    def preprocess(self, n, route):
+        """Split message n's recipients into channels; route(addr) -> (channel, addr).
+
+        Returns Preprocessed. Afterwards the message is in S5 (spec §2.2)."""
+
+    # -- qmail-send: deliveries -------------------------------------------
+    @abstractmethod
+    def message_path(self, n):
+        """The mess file relative to queue/mess, as the spawn protocol sends it ("5/457")."""
+
+    @abstractmethod
+    def info(self, n):
+        """(sender, birth) of a preprocessed message."""
+
+    @abstractmethod
+    def recipients(self, n, channel):
+        """The ChannelRecords of one channel, done and pending, in order."""
+
+    @abstractmethod
+    def mark_done(self, n, channel, record):
+        """Record that one recipient is finished (success or permanent failure)."""
+
+    @abstractmethod
+    def add_bounce_note(self, n, note):
+        """Append one bounce note (envelope.bounce_note bytes) for message n."""
+
+    @abstractmethod
+    def finish_channel(self, n, channel):
+        """Every recipient of the channel is done: drop the channel."""
+
+    @abstractmethod
+    def reschedule(self, n, channel, when):
+        """The channel's next attempt is at `when` (epoch seconds)."""
+
+    @abstractmethod
+    def channels_left(self, n):
+        """Channel names of message n that still exist."""
+
+    # -- qmail-send: completion -------------------------------------------
+    @abstractmethod
+    def bounce_notes(self, n):
+        """The accumulated bounce notes (bytes), or None when nothing failed."""
+
+    @abstractmethod
+    def drop_bounce_notes(self, n):
+        """Forget the bounce notes once the bounce message is queued (or discarded)."""
+
+    @abstractmethod
+    def complete(self, n):
+        """Finish message n: S5 -> S2 -> S1."""
+
+    @abstractmethod
+    def save_schedule(self, entries):
+        """Orderly exit: persist each (n, channel, when) so a restart resumes on time."""
+
+    @abstractmethod
+    def stale_messages(self, now):
+        """Numbers of S2/S3 leftovers past the 36-hour rule, for elimination."""
+
+    # -- readers: qmail-qread, qmail-qstat, snapshots ---------------------
+    @abstractmethod
+    def list_messages(self):
+        """MessageViews of every preprocessed message, in qmail-qread order."""
+
+    @abstractmethod
+    def counts(self):
+        """(messages in queue, messages not yet preprocessed)."""

@@ -1,0 +1,1 @@
+"""qmailctl subcommands: one module each, exposing HELP, add_arguments(parser) and run(args) -> exit code."""

@@ -1,0 +1,77 @@
+"""The qmail home (QMAILHOME) and its control/ files (spec §13).
+
+Single-value files: first line, trailing spaces/tabs stripped. List files: every
+line, trailing whitespace stripped, empty and '#' lines skipped. A missing file
+(ENOENT) means the default; any other error raises ControlError, which callers
+turn into their program's "unable to read controls" failure.
+"""
+import errno
+import os
+
+DEFAULT_HOME = "/var/qmail"
+
+
+class ControlError(Exception):
+    """A control file exists but cannot be read."""
+
+
+def qmail_home(explicit=None):
+    """The home every program works in: --home, else $QMAILHOME, else /var/qmail."""
+    return explicit or os.environ.get("QMAILHOME") or DEFAULT_HOME
+
+
+def _read(home, name):
+    try:
+        with open(os.path.join(home, "control", name), "rb") as f:
+            return f.read()
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return None
+        raise ControlError("unable to read control/%s: %s" % (name, e.strerror)) from e
+
+
+def control_value(home, name, default=None):
+    """A single-value control file as bytes, or default when absent."""
+    data = _read(home, name)
+    if data is None:
+        return default
+    return data.split(b"\n", 1)[0].rstrip(b" \t\r")
+
+
+def control_list(home, name, default=None):
+    """A list control file as a list of bytes lines, or default when absent."""
+    data = _read(home, name)
+    if data is None:
+        return default
+    lines = []
+    for line in data.split(b"\n"):
+        line = line.rstrip(b" \t\r")
+        if line and not line.startswith(b"#"):
+            lines.append(line)
+    return lines
+
+
+def control_int(home, name, default):
+    """Leading decimal digits of a single-value file, else default."""
+    value = control_value(home, name)
+    if value is None:
+        return default
+    digits = b""
+    body = value.lstrip(b" \t")
+    sign = 1
+    if body[:1] == b"-":
+        sign, body = -1, body[1:]
+    for ch in body:
+        if 48 <= ch <= 57:
+            digits += bytes([ch])
+        else:
+            break
+    return sign * int(digits) if digits else default
+
+
+def control_me_default(home, name):
+    """A value defaulting to control/me, else the literal file name (spec §13)."""
+    value = control_value(home, name)
+    if value is None:
+        value = control_value(home, "me")
+    return value if value is not None else name.encode()

@@ -1,0 +1,174 @@
+"""qmail-send's log lines (spec §6.8): the one writer and the one parser.
+
+Writers return the complete line as bytes, LF-terminated, exactly as qmail
+words it. parse() turns one line (with or without a timestamp prefix added by a
+supervisor) back into an Event. The audit and every test use parse(); qmail-send
+uses the writers.
+"""
+import calendar
+import re
+
+from qmailpy.envelope import safe
+
+RESULTS = ("success", "deferral", "failure")
+
+# --- writers --------------------------------------------------------------
+
+
+def status(local_used, local_limit, remote_used, remote_limit, exitasap=False):
+    return b"status: local %d/%d remote %d/%d%s\n" % (
+        local_used, local_limit, remote_used, remote_limit, b" exitasap" if exitasap else b"")
+
+
+def status_exiting():
+    return b"status: exiting\n"
+
+
+def new_msg(n):
+    return b"new msg %d\n" % n
+
+
+def info_msg(n, size, sender, qp, uid):
+    return b"info msg %d: bytes %d from <%s> qp %d uid %d\n" % (n, size, safe(sender), qp, uid)
+
+
+def starting_delivery(d, n, channel, recipient):
+    return b"starting delivery %d: msg %d to %s %s\n" % (d, n, channel.encode(), safe(recipient))
+
+
+def delivery(d, result, text):
+    """result is 'success', 'deferral' or 'failure'."""
+    return b"delivery %d: %s: %s\n" % (d, result.encode(), safe(text))
+
+
+def report_mangled(d):
+    return b"delivery %d: report mangled, will defer\n" % d
+
+
+def bounce_msg(n, qp):
+    return b"bounce msg %d qp %d\n" % (n, qp)
+
+
+def triple_bounce(n):
+    return b"triple bounce: discarding bounce/%d\n" % n
+
+
+def end_msg(n):
+    return b"end msg %d\n" % n
+
+
+def alert(text):
+    return b"alert: " + _b(text) + b"\n"
+
+
+def warning(text):
+    return b"warning: " + _b(text) + b"\n"
+
+
+def _b(text):
+    return text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
+
+
+# --- parser ---------------------------------------------------------------
+
+
+class Event:
+    """One parsed line. kind is one of KINDS; fields depend on it (see _PATTERNS)."""
+    __slots__ = ("time", "host", "kind", "fields", "text")
+
+    def __init__(self, time, host, kind, fields, text):
+        self.time = time          # epoch seconds (float) or None
+        self.host = host          # from a journald prefix, else None
+        self.kind = kind
+        self.fields = fields      # dict of str -> int | str
+        self.text = text          # the line without its timestamp prefix
+
+    def __repr__(self):
+        return "Event(%r, %r, %r)" % (self.time, self.kind, self.fields)
+
+
+_PATTERNS = [
+    ("status", re.compile(
+        r"status: local (?P<local_used>\d+)/(?P<local_limit>\d+) "
+        r"remote (?P<remote_used>\d+)/(?P<remote_limit>\d+)(?P<exitasap> exitasap)?$")),
+    ("exiting", re.compile(r"status: exiting$")),
+    ("new msg", re.compile(r"new msg (?P<n>\d+)$")),
+    ("info msg", re.compile(
+        r"info msg (?P<n>\d+): bytes (?P<bytes>\d+) from <(?P<sender>[^ ]*)> "
+        r"qp (?P<qp>\d+) uid (?P<uid>\d+)$")),
+    ("starting delivery", re.compile(
+        r"starting delivery (?P<d>\d+): msg (?P<n>\d+) to (?P<channel>local|remote) "
+        r"(?P<recipient>\S*)$")),
+    ("delivery", re.compile(
+        r"delivery (?P<d>\d+): (?P<result>success|deferral|failure): (?P<text>\S*)$")),
+    ("report mangled", re.compile(r"delivery (?P<d>\d+): report mangled, will defer$")),
+    ("bounce msg", re.compile(r"bounce msg (?P<n>\d+) qp (?P<qp>\d+)$")),
+    ("triple bounce", re.compile(r"triple bounce: discarding bounce/(?P<n>\d+)$")),
+    ("end msg", re.compile(r"end msg (?P<n>\d+)$")),
+    ("alert", re.compile(r"alert: (?P<text>.*)$")),
+    ("warning", re.compile(r"warning: (?P<text>.*)$")),
+]
+KINDS = tuple(kind for kind, _ in _PATTERNS) + ("unknown",)
+_INT_FIELDS = {"local_used", "local_limit", "remote_used", "remote_limit",
+               "n", "bytes", "qp", "uid", "d"}
+
+_EPOCH = re.compile(r"(\d{9,11}\.\d{1,9}) ")
+_TAI64N = re.compile(r"@([0-9a-f]{16})([0-9a-f]{8}) ")
+_ISO = re.compile(
+    r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(\.\d+)?"
+    r"(Z|[+-]\d\d:?\d\d)? ")
+_JOURNAL_TAG = re.compile(r"(\S+) [^\s:\[]+(?:\[\d+\])?: ")
+
+
+def parse_prefix(line):
+    """(epoch seconds or None, host or None, rest) for a line with any supported prefix.
+
+    Supported: epoch 'SEC.USEC ', multilog TAI64N '@4000…', ISO-8601 (qmailctl
+    start's prefix), and journalctl -o short-iso / short-iso-precise, whose
+    'HOST IDENT[PID]: ' after the time gives the host.
+    """
+    m = _EPOCH.match(line)
+    if m:
+        return float(m.group(1)), None, line[m.end():]
+    m = _TAI64N.match(line)
+    if m:
+        sec = int(m.group(1), 16) - 2 ** 62 - 10
+        return sec + int(m.group(2), 16) / 1e9, None, line[m.end():]
+    m = _ISO.match(line)
+    if m:
+        year, mon, day, hh, mm, ss = (int(g) for g in m.groups()[:6])
+        when = calendar.timegm((year, mon, day, hh, mm, ss, 0, 0, 0))
+        if m.group(7):
+            when += float(m.group(7))
+        zone = m.group(8)
+        if zone and zone != "Z":
+            sign = -1 if zone[0] == "+" else 1
+            digits = zone[1:].replace(":", "")
+            when += sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
+        rest = line[m.end():]
+        j = _JOURNAL_TAG.match(rest)
+        if j:
+            return when, j.group(1), rest[j.end():]
+        return when, None, rest
+    return None, None, line
+
+
+def parse(line):
+    """An Event for one log line (str or bytes); unknown lines give kind 'unknown'."""
+    if isinstance(line, bytes):
+        line = line.decode("utf-8", "surrogateescape")
+    line = line.rstrip("\n")
+    when, host, text = parse_prefix(line)
+    for kind, pattern in _PATTERNS:
+        m = pattern.match(text)
+        if m:
+            fields = {}
+            for key, value in m.groupdict().items():
+                if key in _INT_FIELDS:
+                    fields[key] = int(value)
+                elif key == "exitasap":
+                    fields[key] = value is not None
+                else:
+                    fields[key] = value
+            return Event(when, host, kind, fields, text)
+    return Event(when, host, "unknown", {}, text)

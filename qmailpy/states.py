@@ -1,0 +1,115 @@
+"""THE table of queue states S1–S5 (spec §2, DESIGN.md §3).
+
+Everything that needs to know what state a message is in, or whether a move
+between states is legal, asks this module: the directory backend classifies an
+inode from the files present, the log backend from its records, and the audit
+checks every transition it observes against TRANSITIONS.
+"""
+
+S1, S2, S3, S4, S5 = "S1", "S2", "S3", "S4", "S5"
+STATES = (S1, S2, S3, S4, S5)
+
+DESCRIPTION = {
+    S1: "no message",
+    S2: "mess written, no envelope",
+    S3: "envelope being written (intd)",
+    S4: "queued (todo)",
+    S5: "preprocessed (info)",
+}
+
+# The files of one message number in the directory backend.
+FILES = ("mess", "intd", "todo", "info", "local", "remote", "bounce")
+
+# For each state: True = must exist, False = must not exist, None = either.
+PRESENCE = {
+    S1: dict(mess=False, intd=False, todo=False, info=False, local=False, remote=False, bounce=False),
+    S2: dict(mess=True, intd=False, todo=False, info=False, local=False, remote=False, bounce=False),
+    S3: dict(mess=True, intd=True, todo=False, info=False, local=False, remote=False, bounce=False),
+    S4: dict(mess=True, intd=None, todo=True, info=None, local=None, remote=None, bounce=False),
+    S5: dict(mess=True, intd=False, todo=False, info=True, local=None, remote=None, bounce=None),
+}
+
+# Legal moves between different states, each with the program that makes it and how.
+TRANSITIONS = {
+    (S1, S2): ("qmail-queue", "link pid/ file to mess/S/n"),
+    (S2, S3): ("qmail-queue", "create intd/n"),
+    (S3, S4): ("qmail-queue", "link intd/n to todo/n"),
+    (S4, S5): ("qmail-clean", "unlink todo/n after qmail-send wrote info, local, remote"),
+    (S5, S2): ("qmail-send", "unlink info/S/n when every recipient is finished"),
+    (S2, S1): ("qmail-clean", "unlink mess/S/n (foop request, or 36-hour cleanup)"),
+    (S3, S2): ("qmail-queue", "unlink intd/n after a read or write error (or qmail-clean foop)"),
+}
+
+# Moves that stay in one state but change its files (preprocessing redone after
+# a crash, deliveries marking recipients done, bounce notes, channel files
+# finished). They are legal; listed so the audit can name them.
+SELF_MOVES = {
+    S4: ("qmail-send", "write info/local/remote (preprocessing, possibly repeated)"),
+    S5: ("qmail-send", "mark recipients done, append bounce notes, unlink channel files"),
+}
+
+# States a message may be left in after a crash or failure; S2/S3 only until the
+# 36-hour cleanups (spec §2.4) remove them.
+LEFTOVER_STATES = (S2, S3)
+LEFTOVER_AGE = 129600
+
+# Log-backend records (DESIGN.md §4) and the move each one records.
+RECORD_TRANSITIONS = {
+    "ENVELOPE": (S2, S4),
+    "PREPROCESSED": (S4, S5),
+    "START": (S5, S5),
+    "DELIVERY": (S5, S5),
+    "BOUNCE-NOTE": (S5, S5),
+    "REPLACEMENT": (S5, S5),
+    "FINISH": (S5, S2),
+}
+
+# qmail-send log events (spec §6.8) and the state each one shows or moves to.
+LOG_EVENT_TRANSITIONS = {
+    "new msg": (S4, S4),          # preprocessing begins: the message was queued
+    "info msg": (S4, S4),         # info written, still before todo is cleaned
+    "starting delivery": (S5, S5),
+    "delivery": (S5, S5),
+    "bounce msg": (S5, S5),
+    "triple bounce": (S5, S5),
+    "end msg": (S5, S1),          # info unlinked (S2), then mess cleaned (S1)
+}
+
+
+def classify(present):
+    """The state defined by the set of file kinds present, or None if no state fits."""
+    present = set(present)
+    unknown = present - set(FILES)
+    if unknown:
+        raise ValueError("unknown file kinds: %s" % ", ".join(sorted(unknown)))
+    for state in STATES:
+        rule = PRESENCE[state]
+        if all(need is None or need == (kind in present) for kind, need in rule.items()):
+            return state
+    return None
+
+
+def is_legal(before, after):
+    """True when a message may move from state before to state after in one step."""
+    if before == after:
+        return before in SELF_MOVES or before == S1
+    return (before, after) in TRANSITIONS
+
+
+def path_exists(before, after):
+    """True when after can be reached from before through legal moves (including none)."""
+    seen, frontier = {before}, [before]
+    while frontier:
+        state = frontier.pop()
+        for (a, b) in TRANSITIONS:
+            if a == state and b not in seen:
+                seen.add(b)
+                frontier.append(b)
+    return after in seen
+
+
+def maker(before, after):
+    """The program that makes a legal move, or None."""
+    if before == after:
+        return SELF_MOVES.get(before, (None,))[0]
+    return TRANSITIONS.get((before, after), (None,))[0]

@@ -1,0 +1,36 @@
+"""The lock/trigger named pipe (spec §5).
+
+Pulling never blocks: with no reader the open fails with ENXIO and nothing
+happens. qmail-send holds the read end open non-blocking and reopens it before
+every todo scan (on Linux the read end stays readable at EOF until reopened).
+"""
+import os
+
+TRIGGER = "lock/trigger"
+
+
+def pull(queue_dir):
+    """Wake qmail-send, if one is listening. Never blocks, never raises."""
+    try:
+        fd = os.open(os.path.join(queue_dir, TRIGGER), os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        os.write(fd, b"\0")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return True
+
+
+def open_reader(queue_dir):
+    """The read end qmail-send selects on (O_RDONLY|O_NONBLOCK)."""
+    return os.open(os.path.join(queue_dir, TRIGGER), os.O_RDONLY | os.O_NONBLOCK)
+
+
+def reopen_reader(queue_dir, fd):
+    """Close and reopen the read end, discarding whatever was written (before a todo scan)."""
+    if fd is not None and fd >= 0:
+        os.close(fd)
+    return open_reader(queue_dir)
