@@ -1,0 +1,307 @@
+"""The qmail-send <-> qmail-lspawn/qmail-rspawn pipe protocol, both ends (spec §7.2).
+
+Command (send -> spawner): {slot byte}{S/n}\\0{sender}\\0{recipient}\\0
+Reply   (spawner -> send): {slot byte}{K|Z|D}{text}\\0
+Greeting (spawner -> send): one byte, the spawner's slot count.
+
+serve() is the spawner end: one forked child per delivery, no exec, so a
+delivery costs a fork rather than a fresh interpreter. The parent keeps the
+write end of each child's output pipe open until the child is reaped, so EOF
+on the read end means "child gone and every byte of its output read".
+"""
+import errno
+import os
+import selectors
+import signal
+import stat
+
+SLOTS = 120                 # conf-spawn
+REPORT_MAX = 10000          # qmail-send keeps at most this much of a reply
+OUTPUT_MAX = 65536          # a spawner keeps at most this much child output
+
+
+# --- qmail-send's end -----------------------------------------------------
+
+def encode_command(slot, messpath, sender, recipient):
+    """One delivery command; messpath is relative to queue/mess ("5/457")."""
+    return b"".join((bytes((slot,)), messpath, b"\0", sender, b"\0", recipient, b"\0"))
+
+
+def verp(sender, recipient):
+    """VERP expansion (spec §7.2): 'P@H-@[]' + 'u@d' -> 'Pu=d@H'; otherwise sender unchanged."""
+    if not sender.endswith(b"-@[]"):
+        return sender
+    base = sender[:-4]
+    at = base.rfind(b"@")
+    rat = recipient.rfind(b"@")
+    if at < 0 or rat < 0:
+        return sender
+    return base[:at] + recipient[:rat] + b"=" + recipient[rat + 1:] + base[at:]
+
+
+class ReplyReader:
+    """Incremental parser of spawner replies: feed(bytes) -> [(slot, letter, text)].
+
+    A NUL ends a reply only after at least one byte (the slot may be 0x00).
+    letter is b'K', b'Z', b'D' or something else (a mangled report)."""
+
+    def __init__(self):
+        self._buf = bytearray()
+
+    def feed(self, data):
+        replies = []
+        for ch in data:
+            if ch == 0 and len(self._buf) >= 1:
+                line = bytes(self._buf)
+                self._buf.clear()
+                replies.append((line[0], line[1:2], line[2:]))
+                continue
+            if len(self._buf) < REPORT_MAX:
+                self._buf.append(ch)
+        return replies
+
+
+# --- the spawner's end ----------------------------------------------------
+
+class Command:
+    __slots__ = ("slot", "messid", "sender", "recipient")
+
+    def __init__(self, slot, messid, sender, recipient):
+        self.slot, self.messid, self.sender, self.recipient = slot, messid, sender, recipient
+
+
+class CommandReader:
+    """Incremental parser of delivery commands: feed(bytes) -> [Command]."""
+
+    def __init__(self):
+        self._slot = None
+        self._fields = []
+        self._cur = bytearray()
+
+    def feed(self, data):
+        commands = []
+        for ch in data:
+            if self._slot is None:
+                self._slot = ch
+                continue
+            if ch:
+                self._cur.append(ch)
+                continue
+            self._fields.append(bytes(self._cur))
+            self._cur.clear()
+            if len(self._fields) == 3:
+                commands.append(Command(self._slot, *self._fields))
+                self._slot, self._fields = None, []
+        return commands
+
+
+def encode_reply(slot, report):
+    """report = letter + text; cut at its first NUL (a NUL ends the reply)."""
+    cut = report.find(b"\0")
+    if cut >= 0:
+        report = report[:cut]
+    return bytes((slot,)) + report + b"\0"
+
+
+def check_command(cmd, slots, busy, expected_owner):
+    """(error report or None, open message fd or None) — qmail's spawner checks in order."""
+    if cmd.slot >= slots:
+        return b"ZInternal error: delnum too big. (#4.3.5)\n", None
+    if cmd.slot in busy:
+        return b"ZInternal error: delnum in use. (#4.3.5)\n", None
+    for i, ch in enumerate(cmd.messid):
+        if (i == 0 or ch != 0x2F) and not 0x30 <= ch <= 0x39:
+            return b"DInternal error: messid has nonnumerics. (#5.3.5)\n", None
+    if len(cmd.messid) + 1 > 100:
+        return b"DInternal error: messid too long. (#5.3.5)\n", None
+    if not cmd.messid:
+        return b"DInternal error: messid too short. (#5.3.5)\n", None
+    if b"@" not in cmd.recipient:
+        return b"DSorry, address must include host name. (#5.1.3)\n", None
+    try:
+        # O_NONBLOCK so a FIFO planted in mess/ cannot hang the spawner.
+        fd = os.open(cmd.messid, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return b"Zqmail-spawn unable to open message. (#4.3.0)\n", None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        return b"Zqmail-spawn unable to fstat message. (#4.3.0)\n", None
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return b"ZSorry, message has wrong type. (#4.3.5)\n", None
+    if expected_owner is not None and st.st_uid != expected_owner:
+        os.close(fd)
+        return b"ZSorry, message has wrong owner. (#4.3.5)\n", None
+    os.set_blocking(fd, True)
+    return None, fd
+
+
+class _Delivery:
+    __slots__ = ("pid", "read_fd", "write_fd", "output", "wstat")
+
+    def __init__(self, pid, read_fd, write_fd):
+        self.pid, self.read_fd, self.write_fd = pid, read_fd, write_fd
+        self.output = bytearray()
+        self.wstat = None
+
+
+def _run_child(run_delivery, messfd, out_w, cmd):
+    """In the forked child: wire fds 0/1/2 and run the delivery; never returns."""
+    code = 111
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.dup2(messfd, 0)
+        os.dup2(out_w, 1)
+        os.dup2(out_w, 2)
+        # Other deliveries' pipe ends must not leak into this child: a held
+        # write end would delay that delivery's EOF until this child exits.
+        os.closerange(3, 65536)
+        code = run_delivery(cmd.sender, cmd.recipient)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 111
+    except BaseException as e:     # a crash in delivery code must still produce a report
+        try:
+            os.write(2, ("qmail-spawn child failed: %s\n" % e).encode("utf-8", "replace"))
+        except OSError:
+            pass
+        code = 111
+    finally:
+        os._exit(code if isinstance(code, int) else 111)
+
+
+def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=1):
+    """Run a spawner until its command pipe closes and every delivery has reported.
+
+    run_delivery(sender, recipient) runs in a forked child with the message on
+    fd 0 and the report pipe on fds 1 and 2; it returns an exit status (or
+    execs). report(wstat, output) -> bytes (letter + text) turns a finished
+    child into its reply. The working directory must be queue/mess.
+    """
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+
+    deliveries = {}                    # slot -> _Delivery
+    writing = [True]
+
+    def send(data):
+        if not writing[0]:
+            return
+        try:
+            while data:
+                n = os.write(outfd, data)
+                data = data[n:]
+        except OSError:
+            writing[0] = False         # qmail-send is gone; finish deliveries anyway
+
+    send(bytes((slots,)))
+    sel = selectors.DefaultSelector()
+    sel.register(infd, selectors.EVENT_READ, "cmd")
+    sel.register(wake_r, selectors.EVENT_READ, "wake")
+    reader = CommandReader()
+    reading = True
+
+    def reap():
+        while True:
+            try:
+                pid, wstat = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            for d in deliveries.values():
+                if d.pid == pid:
+                    d.wstat = wstat
+                    os.close(d.write_fd)
+                    d.write_fd = -1
+
+    def start(cmd):
+        error, messfd = check_command(cmd, slots, deliveries, expected_owner)
+        if error is not None:
+            send(encode_reply(cmd.slot, error))
+            return
+        try:
+            out_r, out_w = os.pipe()
+        except OSError:
+            os.close(messfd)
+            send(encode_reply(cmd.slot, b"Zqmail-spawn unable to create pipe. (#4.3.0)\n"))
+            return
+        os.set_inheritable(out_r, False)
+        try:
+            pid = os.fork()
+        except OSError:
+            for fd in (messfd, out_r, out_w):
+                os.close(fd)
+            send(encode_reply(cmd.slot, b"Zqmail-spawn unable to fork. (#4.3.0)\n"))
+            return
+        if pid == 0:
+            _run_child(run_delivery, messfd, out_w, cmd)
+        os.close(messfd)
+        os.set_inheritable(out_w, False)
+        deliveries[cmd.slot] = _Delivery(pid, out_r, out_w)
+        sel.register(out_r, selectors.EVENT_READ, cmd.slot)
+
+    while reading or deliveries:
+        try:
+            events = sel.select()
+        except InterruptedError:
+            events = []
+        reap()
+        for key, _ in events:
+            tag = key.data
+            if tag == "wake":
+                try:
+                    while os.read(wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+                reap()
+            elif tag == "cmd":
+                try:
+                    data = os.read(infd, 4096)
+                except InterruptedError:
+                    continue
+                except OSError as e:
+                    data = b"" if e.errno != errno.EAGAIN else None
+                if data is None:
+                    continue
+                if not data:
+                    reading = False
+                    sel.unregister(infd)
+                    continue
+                for cmd in reader.feed(data):
+                    start(cmd)
+            else:
+                d = deliveries[tag]
+                try:
+                    data = os.read(d.read_fd, 4096)
+                except InterruptedError:
+                    continue
+                if data:
+                    if len(d.output) < OUTPUT_MAX:
+                        d.output += data[:OUTPUT_MAX - len(d.output)]
+                    continue
+                if d.wstat is None:
+                    # EOF before the child was reaped cannot happen while we hold the
+                    # write end; reap synchronously to be safe.
+                    _, d.wstat = os.waitpid(d.pid, 0)
+                sel.unregister(d.read_fd)
+                os.close(d.read_fd)
+                del deliveries[tag]
+                send(encode_reply(tag, report(d.wstat, bytes(d.output))))
+    signal.set_wakeup_fd(-1)
+    return 0
+
+
+def truncate_report(output, limit=3000):
+    """qmail-lspawn's cut: above limit bytes keep limit-34 and append the 31-byte note."""
+    note = b"\nError report too long, sorry.\n"
+    if limit > 100 and len(output) > limit:
+        return output[:limit - len(note) - 3] + note
+    return output
