@@ -1,0 +1,32 @@
+"""qmail-qread: list the preprocessed messages of the queue (spec §12).
+
+Exit 0; 111 with `fatal: ...` on stdout when the queue cannot be read.
+QMAILHOME selects the home; --home overrides it.
+"""
+import sys
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    from qmailpy.home import ControlError, qmail_home
+    home = qmail_home(argv[1] if len(argv) == 2 and argv[0] == "--home" else None)
+    if argv and not (len(argv) == 2 and argv[0] == "--home"):
+        sys.stderr.write("usage: qmail-qread [--home DIR]\n")
+        return 100
+    out = sys.stdout.buffer
+    try:
+        from qmailpy.qread import message_lines, queue_reader
+        list_messages, _ = queue_reader(home)
+        for view in list_messages():
+            out.writelines(message_lines(view))
+    except (OSError, ControlError, ValueError) as e:
+        text = getattr(e, "strerror", None) or str(e)
+        out.write(b"fatal: %s\n" % text.encode("utf-8", "replace"))
+        out.flush()
+        return 111
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""qmailctl init: create a qmail home from queue-layout/layout.conf (spec §1, §13).
+
+Creates whatever is missing and sets modes; owners are set only when run as
+root. The role -> account table goes to control/roles (qmailpy.privs):
+`--user NAME` gives every role to NAME (a single-user home); run as root
+without --user, qmail's own accounts are used and must exist; run as any other
+user without --user, the home becomes a single-user home of that user, since
+nobody else could own its files anyway. Control files are written only when
+missing (control/me also when --me is given), with qmail's installer
+conventions: me = FQDN, defaultdomain = FQDN minus its first label,
+plusdomain = its last two labels, locals and rcpthosts = the FQDN.
+"""
+import os
+import re
+import sys
+
+HELP = "create a qmail home (queue hierarchy, control files, role accounts)"
+
+
+def add_arguments(parser, name):
+    parser.add_argument("--me", metavar="HOST", help="this host's fully qualified name (default: the system's)")
+    parser.add_argument("--user", metavar="NAME", help="single-user home: every role runs as NAME")
+
+
+def default_domain(fqdn):
+    """qmail's config-fast: drop the first label when at least three remain."""
+    return re.sub(r"^([^.]*)\.([^.]*)\.", r"\2.", fqdn, count=1)
+
+
+def plus_domain(fqdn):
+    """qmail's config-fast: the last two labels when there are at least three."""
+    return re.sub(r"^.*\.([^.]*)\.([^.]*)$", r"\1.\2", fqdn, count=1)
+
+
+def choose_roles(home, user):
+    import pwd
+    from qmailpy import privs
+    if user:
+        return privs.single_user_roles(user)
+    if os.path.exists(os.path.join(home, privs.ROLES_FILE)):
+        return privs.load_roles(home)
+    if os.geteuid() != 0:
+        return privs.single_user_roles(pwd.getpwuid(os.geteuid()).pw_name)
+    roles = privs.default_roles()
+    for role in privs.USER_ROLES:
+        privs.uid_of_name(roles[role])
+    for group in privs.GROUP_ROLES:
+        privs.gid_of_name(roles[group])
+    return roles
+
+
+def control_files(fqdn):
+    return {
+        "me": fqdn + "\n",
+        "defaultdomain": default_domain(fqdn) + "\n",
+        "plusdomain": plus_domain(fqdn) + "\n",
+        "locals": fqdn + "\n",
+        "rcpthosts": fqdn + "\n",
+    }
+
+
+def run(args):
+    from qmailpy import layout, privs
+    from qmailpy.home import qmail_home
+    home = os.path.abspath(qmail_home(args.home))
+    try:
+        roles = choose_roles(home, args.user)
+    except privs.PrivError as e:
+        print("qmailctl init: %s" % e, file=sys.stderr)
+        print("qmailctl init: create qmail's accounts, or use --user NAME for a single-user home",
+              file=sys.stderr)
+        return 1
+    root = os.geteuid() == 0
+    try:
+        os.makedirs(home, exist_ok=True)
+        owners = layout.Owners(home, roles)
+        created = layout.create_hierarchy(home, owners=owners, set_owners=root)
+        privs.write_roles(home, roles)
+        wanted = control_files(args.me or _fqdn())
+        written = []
+        for name, text in wanted.items():
+            path = os.path.join(home, "control", name)
+            if os.path.exists(path) and not (name == "me" and args.me):
+                continue
+            with open(path, "w") as f:
+                f.write(text)
+            written.append(name)
+        for name in ["roles"] + written:
+            path = os.path.join(home, "control", name)
+            if root:
+                os.chown(path, owners.uid("root"), owners.gid("qmail"))
+            os.chmod(path, 0o644)
+    except (OSError, layout.LayoutError, privs.PrivError) as e:
+        print("qmailctl init: %s" % e, file=sys.stderr)
+        return 1
+    account = privs.single_user(roles)
+    print("qmailctl init: %s: %d paths created, control files written: %s; %s" % (
+        home, len(created), " ".join(written) or "none",
+        "single-user home of %s" % account if account else "qmail's own accounts"))
+    return 0
+
+
+def _fqdn():
+    import socket
+    return socket.getfqdn()

@@ -1,0 +1,212 @@
+"""Which account each qmail role uses in a home, and switching to it (DESIGN.md §5).
+
+qmail compiles its users' ids into the binaries; qmailpy keeps them as data in
+the home, in ``control/roles``, so that every program knows which account a
+role uses. One line per role, ``role:name``; '#' lines and empty lines are
+ignored; a role that is not listed (or a missing file) uses qmail's own name:
+
+    alias:alias      qmaild:qmaild    qmaill:qmaill    qmailp:qmailp
+    qmailq:qmailq    qmailr:qmailr    qmails:qmails
+    qmail:qmail      nofiles:nofiles          (the two group roles)
+
+A single-user home (``qmailctl init --user NAME``) lists NAME for every user
+role and NAME's primary group for both group roles. Started as root, every
+program then switches to NAME; started as NAME, nothing switches.
+
+API (everything takes the home directory; names and ids are looked up in the
+passwd/group databases at run time, as qmail-lspawn and qmail-getpw do):
+
+    USER_ROLES, GROUP_ROLES          the role names
+    default_roles()                  {role: name} with qmail's names
+    single_user_roles(name)          {role: name} giving every role to one account
+    load_roles(home)                 {role: name} from control/roles (defaults filled in)
+    write_roles(home, roles)         write control/roles
+    account(home, role)              Account(name, uid, gid, dir) of a user role
+    group_id(home, group_role)       gid of 'qmail' or 'nofiles'
+    role_uids(home, roles=...)       {role: uid} for the roles whose account exists
+    single_user(roles)               the one account of a single-user home, else None
+    uid_of_name(name), gid_of_name(name)   ids of an account / group (PrivError if none)
+    become(home, role)               root: setgroups/setgid/setuid to the role; else no-op
+    switch_to(uid, gid, groups)      the same for an explicit account (qmail-lspawn's
+                                     recipients); refuses uid 0 with RootRefused
+
+Errors: PrivError (role's account or group does not exist, or the switch
+failed) and its subclass RootRefused (the account is uid 0).
+"""
+import os
+
+USER_ROLES = ("alias", "qmaild", "qmaill", "qmailp", "qmailq", "qmailr", "qmails")
+GROUP_ROLES = ("qmail", "nofiles")
+ROLES_FILE = "control/roles"
+
+# The group each user role runs with (spec §7.1: qmail-start gives qmaill the
+# group nofiles and every daemon the group qmail; qmail-getpw runs as qmailp/nofiles).
+ROLE_GROUP = {"qmaill": "nofiles", "qmailp": "nofiles"}
+# Roles whose own supplementary groups are added (qmail-rspawn: "qmail + qmailr's groups").
+KEEPS_OWN_GROUPS = ("qmailr",)
+
+
+class PrivError(Exception):
+    """A role's account cannot be found or switched to."""
+
+
+class RootRefused(PrivError):
+    """The account to switch to is uid 0; qmail never runs deliveries as root."""
+
+
+class Account:
+    __slots__ = ("name", "uid", "gid", "dir")
+
+    def __init__(self, name, uid, gid, dir):
+        self.name, self.uid, self.gid, self.dir = name, uid, gid, dir
+
+    def __repr__(self):
+        return "Account(%r, %d, %d, %r)" % (self.name, self.uid, self.gid, self.dir)
+
+
+def default_roles():
+    roles = {role: role for role in USER_ROLES}
+    roles.update({group: group for group in GROUP_ROLES})
+    return roles
+
+
+def single_user_roles(name):
+    """Every user role to `name`, both group roles to its primary group."""
+    import grp
+    import pwd
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        raise PrivError("no such user: %s" % name) from None
+    if pw.pw_uid == 0:
+        raise RootRefused("refusing to give the qmail roles to uid 0 (%s)" % name)
+    try:
+        group = grp.getgrgid(pw.pw_gid).gr_name
+    except KeyError:
+        group = str(pw.pw_gid)      # a gid without a group entry: keep it numeric
+    roles = {role: name for role in USER_ROLES}
+    roles.update({g: group for g in GROUP_ROLES})
+    return roles
+
+
+def load_roles(home):
+    """{role: account or group name}; unknown roles in the file are ignored."""
+    roles = default_roles()
+    try:
+        with open(os.path.join(home, ROLES_FILE), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return roles
+    except OSError as e:
+        raise PrivError("unable to read %s: %s" % (ROLES_FILE, e.strerror)) from e
+    for line in data.decode("utf-8", "surrogateescape").split("\n"):
+        line = line.strip()
+        if not line or line.startswith("#") or ":" not in line:
+            continue
+        role, name = line.split(":", 1)
+        role, name = role.strip(), name.strip()
+        if role in roles and name:
+            roles[role] = name
+    return roles
+
+
+def write_roles(home, roles):
+    lines = ["# role:account (user roles) and role:group (qmail, nofiles); see qmailpy.privs\n"]
+    for role in USER_ROLES + GROUP_ROLES:
+        lines.append("%s:%s\n" % (role, roles[role]))
+    path = os.path.join(home, ROLES_FILE)
+    with open(path, "w") as f:
+        f.writelines(lines)
+    os.chmod(path, 0o644)
+
+
+def single_user(roles):
+    """NAME when every user role of `roles` is NAME (a single-user home), else None."""
+    names = {roles[role] for role in USER_ROLES}
+    return names.pop() if len(names) == 1 else None
+
+
+def uid_of_name(name):
+    return _user(name).pw_uid
+
+
+def gid_of_name(name):
+    return _group(name)
+
+
+def _user(name):
+    import pwd
+    try:
+        return pwd.getpwnam(name) if not name.isdigit() else pwd.getpwuid(int(name))
+    except KeyError:
+        raise PrivError("no such user: %s" % name) from None
+
+
+def _group(name):
+    import grp
+    if name.isdigit():
+        return int(name)
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise PrivError("no such group: %s" % name) from None
+
+
+def account(home, role, roles=None):
+    """The Account a user role runs as in this home."""
+    if role not in USER_ROLES:
+        raise ValueError("not a user role: %r" % role)
+    name = (roles or load_roles(home))[role]
+    pw = _user(name)
+    return Account(pw.pw_name, pw.pw_uid, pw.pw_gid, pw.pw_dir)
+
+
+def group_id(home, group_role, roles=None):
+    if group_role not in GROUP_ROLES:
+        raise ValueError("not a group role: %r" % group_role)
+    return _group((roles or load_roles(home))[group_role])
+
+
+def role_uids(home, wanted=USER_ROLES, roles=None):
+    """{role: uid} for each wanted role whose account exists (missing accounts left out)."""
+    roles = roles or load_roles(home)
+    found = {}
+    for role in wanted:
+        try:
+            found[role] = _user(roles[role]).pw_uid
+        except PrivError:
+            pass
+    return found
+
+
+def switch_to(uid, gid, groups=()):
+    """setgroups, setgid, setuid (in that order). RootRefused for uid 0."""
+    if uid == 0:
+        raise RootRefused("refusing to run as uid 0")
+    try:
+        os.setgroups(list(groups) or [gid])
+        os.setgid(gid)
+        os.setuid(uid)
+    except OSError as e:
+        raise PrivError("unable to switch to uid %d gid %d: %s" % (uid, gid, e.strerror)) from e
+
+
+def become(home, role, roles=None):
+    """Run as the role's account from now on, when that is possible.
+
+    As root: switch (groups = the role's group, plus the account's own groups
+    for qmailr) and return True. Not root, or already that uid: return False
+    and change nothing. RootRefused if the role's account is uid 0.
+    """
+    roles = roles or load_roles(home)
+    acct = account(home, role, roles)
+    if acct.uid == 0:
+        raise RootRefused("role %s maps to uid 0 (%s); refusing" % (role, acct.name))
+    if os.geteuid() != 0 or os.getuid() == acct.uid:
+        return False
+    gid = group_id(home, ROLE_GROUP.get(role, "qmail"), roles)
+    groups = [gid]
+    if role in KEEPS_OWN_GROUPS:
+        groups += [g for g in os.getgrouplist(acct.name, acct.gid) if g not in groups]
+    switch_to(acct.uid, gid, groups)
+    return True

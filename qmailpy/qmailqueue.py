@@ -1,0 +1,302 @@
+"""qmail-queue: one message from fd 0 and its envelope from fd 1 into the queue (S1 -> S4).
+
+The sequence is qmail's (spec §2.1, §3, §4), byte for byte and step for step:
+
+  alarm 86400 s -> pid/{pid}.{start}.{seq} (O_EXCL, seq 1..9) -> link to mess/S/n
+  -> unlink the pid name (S2) -> Received line + fd 0 -> fsync -> intd/n (O_EXCL, S3)
+  -> u, p and the envelope records while reading fd 1 -> fsync -> link todo/n (S4)
+  -> pull the trigger -> exit 0
+
+plus the "syncdir" promise qmail lacks on Linux: the directories whose entries
+the state machine relies on are fsync'd, so that exit 0 means the message
+survives a power cut (see _sync_dir).
+
+run() returns the exit code instead of exiting, so an injector can run it in a
+forked child (qmailpy.queueclient) without starting a new interpreter.
+
+Privileges: qmail-queue is setuid qmailq in qmail. A Python program cannot be
+setuid, so when started as root run() switches to the home's qmailq account
+(qmailpy.privs.become) after recording the caller's real uid for the Received
+line and the u record; started as any other user it runs as that user, which
+in a multi-user home must be qmailq (or $QMAILQUEUE must name a setuid wrapper).
+"""
+import os
+import time
+
+try:
+    import _signal as signal      # the C module: `signal` would import enum (~5 ms per message)
+except ImportError:               # pragma: no cover - other interpreters
+    import signal
+
+from qmailpy.envelope import MAX_ADDRESS, date822
+
+DEATH = 86400                     # qmail-queue's self-timer (seconds)
+SPLIT = 23
+_CHUNK = 65536
+
+# Signals qmail-queue ignores; SIGALRM ends it with 52 (no cleanup).
+_IGNORED = ("SIGPIPE", "SIGINT", "SIGQUIT", "SIGHUP", "SIGVTALRM", "SIGPROF", "SIGXCPU", "SIGXFSZ")
+# Crash signals sent from outside: exit 81 ("qq internal bug"), as qmail's sig_bugcatch.
+# SIGSEGV, SIGBUS, SIGILL and SIGFPE keep their default action: a Python-level
+# handler runs later, between bytecodes, so a real fault would simply recur
+# forever; the process dies instead and the caller reports "qq crashed".
+_BUGS = ("SIGABRT", "SIGSYS", "SIGTRAP")
+
+
+class _Exit(Exception):
+    def __init__(self, code):
+        self.code = code
+
+
+def _alarm(signum, frame):
+    os._exit(52)
+
+
+def _bug(signum, frame):
+    os._exit(81)
+
+
+def received_who(uid, role_uids):
+    """'by alias', 'from network', 'for bounce' or 'by uid N' (spec §3.6)."""
+    if uid == role_uids.get("alias"):
+        return b"by alias"
+    if uid == role_uids.get("qmaild"):
+        return b"from network"
+    if uid == role_uids.get("qmails"):
+        return b"for bounce"
+    return b"by uid %d" % uid
+
+
+def received_line(pid, who, start):
+    return b"Received: (qmail %d invoked %s); %s\n" % (pid, who, date822(start))
+
+
+def _sync_dir(path):
+    """fsync a directory after a link the state machine relies on.
+
+    qmail assumes link() reaches the disk synchronously; ext4 and xfs only
+    promise that after an fsync of the directory. Without it a power cut after
+    exit 0 could lose todo/n (message silently dropped) or keep todo/n but
+    lose mess/S/n (an envelope without a message).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _setup_signals():
+    # A forked injector may have signals blocked; the alarm must be able to fire.
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for name in _IGNORED:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    for name in _BUGS:
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), _bug)
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.alarm(DEATH)
+
+
+def run(home, msg_fd=0, env_fd=1):
+    """Queue one message; the exit code of qmail-queue (spec §4)."""
+    try:
+        return _Queue(home, msg_fd, env_fd).run()
+    except _Exit as e:
+        return e.code
+    except MemoryError:
+        return 51
+    except Exception:                     # a bug of ours: qmail's "qq internal bug"
+        return 81
+
+
+class _Queue:
+    def __init__(self, home, msg_fd, env_fd):
+        self.home, self.msg_fd, self.env_fd = home, msg_fd, env_fd
+        self.mess_fd = self.intd_fd = None
+        self.messfn = self.intdfn = None
+
+    def die(self, code):
+        raise _Exit(code)
+
+    def cleanup(self):
+        """After a read or write error: truncate and unlink what we made (intd first)."""
+        for fd, name in ((self.intd_fd, self.intdfn), (self.mess_fd, self.messfn)):
+            if name is None:
+                continue
+            try:
+                os.ftruncate(fd, 0)
+            except OSError:
+                pass
+            try:
+                os.unlink(name)
+            except OSError:
+                return
+
+    def die_read(self):
+        self.cleanup()
+        self.die(54)
+
+    def die_write(self):
+        self.cleanup()
+        self.die(53)
+
+    def run(self):
+        _setup_signals()                  # the alarm is armed before any file is touched
+        os.umask(0o033)
+        pid = os.getpid()
+        uid = os.getuid()
+        start = int(time.time())
+        try:
+            from qmailpy import privs
+            roles = privs.load_roles(self.home)
+            role_uids = privs.role_uids(self.home, ("alias", "qmaild", "qmails"), roles)
+            privs.become(self.home, "qmailq", roles)
+        except (OSError, privs.PrivError):
+            self.die(61)
+        try:
+            os.chdir(self.home)
+        except OSError:
+            self.die(61)
+        try:
+            os.chdir("queue")
+        except OSError:
+            self.die(62)
+        received = received_line(pid, received_who(uid, role_uids), start)
+
+        # S1 -> S2: a fresh inode under pid/, linked into mess/ under its number.
+        for seq in range(1, 10):
+            pidfn = "pid/%d.%d.%d" % (pid, start, seq)
+            try:
+                self.mess_fd = os.open(pidfn, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                break
+            except OSError:
+                continue
+        else:
+            self.die(63)
+        n = os.fstat(self.mess_fd).st_ino
+        messdir = "mess/%d" % (n % SPLIT)
+        messfn = "%s/%d" % (messdir, n)
+        intdfn, todofn = "intd/%d" % n, "todo/%d" % n
+        try:
+            os.link(pidfn, messfn)
+        except OSError:
+            self.die(64)
+        try:
+            os.unlink(pidfn)
+        except OSError:
+            self.die(63)
+        self.messfn = messfn
+
+        # The message: Received line, then fd 0 verbatim.
+        buf = received
+        while True:
+            try:
+                chunk = os.read(self.msg_fd, _CHUNK)
+            except OSError:
+                self.die_read()
+            if chunk:
+                buf = buf + chunk if buf else chunk
+            if buf and (len(buf) >= _CHUNK or not chunk):
+                try:
+                    _write_all(self.mess_fd, buf)
+                except OSError:
+                    self.die_write()
+                buf = b""
+            if not chunk:
+                break
+        try:
+            os.fsync(self.mess_fd)
+            _sync_dir(messdir)            # mess/S/n must be on disk before todo/n can be
+        except OSError:
+            self.die_write()
+
+        # S2 -> S3: the envelope, streamed from fd 1 into intd/n.
+        try:
+            self.intd_fd = os.open(intdfn, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError:
+            self.die(65)
+        self.intdfn = intdfn
+        self.copy_envelope(b"u%d\0p%d\0" % (uid, pid))
+        try:
+            os.fsync(self.intd_fd)
+        except OSError:
+            self.die_write()
+
+        # S3 -> S4: queued once todo/n is durable.
+        try:
+            os.link(intdfn, todofn)
+        except OSError:
+            self.die(66)
+        try:
+            _sync_dir("todo")
+        except OSError:
+            # Not durable: take it back rather than promise what a power cut could undo.
+            try:
+                os.unlink(todofn)
+            except OSError:
+                pass
+            self.die(66)
+        from qmailpy.trigger import pull
+        pull(".")
+        return 0
+
+    def copy_envelope(self, out):
+        """Read F sender NUL (T rcpt NUL)* NUL from fd 1, writing records to intd as they arrive."""
+        out = bytearray(out)
+        expect_sender = True
+        in_address = False
+        length = 0
+        while True:
+            try:
+                chunk = os.read(self.env_fd, _CHUNK)
+            except OSError:
+                self.die_read()
+            if not chunk:
+                self.die_read()
+            pos, end = 0, len(chunk)
+            while pos < end:
+                if not in_address:
+                    ch = chunk[pos]
+                    if expect_sender:
+                        if ch != 70:                    # 'F'
+                            self.die(91)
+                        expect_sender = False
+                    elif ch == 0:                       # the final NUL: not stored
+                        self.flush_intd(out)
+                        return
+                    elif ch != 84:                      # 'T'
+                        self.die(91)
+                    out.append(ch)
+                    pos += 1
+                    in_address, length = True, 0
+                    continue
+                nul = chunk.find(b"\0", pos)
+                stop = end if nul < 0 else nul
+                length += stop - pos
+                if length > MAX_ADDRESS:
+                    self.die(11)
+                out += chunk[pos:stop]
+                if nul < 0:
+                    pos = end
+                else:
+                    out.append(0)
+                    pos = nul + 1
+                    in_address = False
+            if len(out) >= _CHUNK:
+                self.flush_intd(out)
+
+    def flush_intd(self, out):
+        try:
+            _write_all(self.intd_fd, out)
+        except OSError:
+            self.die_write()
+        out.clear()

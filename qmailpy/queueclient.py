@@ -1,0 +1,243 @@
+"""The injector side of qmail-queue (spec §4): what qmail's qmail.c does for
+qmail-inject, qmail-smtpd, qmail-local forwards and qmail-send bounces.
+
+    qq = QueueClient(home)          # forks the queueing child now
+    qq.write(data)                  # message bytes (buffered), as often as needed
+    result = qq.finish(sender, recipients)   # bytes; closes fd 0, writes fd 1, waits
+    result.code / .pid / .ok / .permanent / .text
+    qq.abort()                      # give up: the envelope never completes, nothing is queued
+
+The child gets the message pipe on fd 0, the envelope pipe on fd 1 and the
+write end of an error pipe on fd 6, and chdirs to the home (failure: exit 61).
+If $QMAILQUEUE is set it is exec'd verbatim (no PATH search, no arguments;
+exec failure: exit 120). Otherwise the child runs qmailpy.qmailqueue.run()
+itself and leaves with os._exit(): a fork, not a fresh interpreter, so queueing
+costs no Python start-up. result.pid is the child's pid, the "qp".
+
+Callers must ignore SIGPIPE (Python does by default): a child that exits early
+turns the next write into EPIPE, reported as "qq read error".
+Forking in a process with other threads is unsafe in general; the callers
+(qmail-smtpd, sendmail/qmail-inject, qmail-local, qmail-send) are single
+threaded. A caller that reaps children with waitpid(-1) must leave this pid
+alone until finish() returns.
+
+QueueStartError (an OSError) means no child could be started (pipe/fork
+failure): qmail-smtpd answers `451 qqt failure (#4.3.0)`.
+
+Imports are kept to os and sys: this module is loaded by every injector.
+"""
+import os
+
+_BUFFER = 65536
+
+# Texts of qmail.c's qmail_close(), class letter first (spec §4).
+_TEXTS = {
+    11: b"Denvelope address too long for qq (#5.1.3)",
+    115: b"Denvelope address too long for qq (#5.1.3)",
+    31: b"Dmail server permanently rejected message (#5.3.0)",
+    51: b"Zqq out of memory (#4.3.0)",
+    52: b"Zqq timeout (#4.3.0)",
+    53: b"Zqq write error or disk full (#4.3.0)",
+    54: b"Zqq read error (#4.3.0)",
+    55: b"Zqq unable to read configuration (#4.3.0)",
+    56: b"Zqq trouble making network connection (#4.3.0)",
+    61: b"Zqq trouble in home directory (#4.3.0)",
+    62: b"Zqq trouble creating files in queue (#4.3.0)",
+    63: b"Zqq trouble creating files in queue (#4.3.0)",
+    64: b"Zqq trouble creating files in queue (#4.3.0)",
+    65: b"Zqq trouble creating files in queue (#4.3.0)",
+    66: b"Zqq trouble creating files in queue (#4.3.0)",
+    71: b"Zmail server temporarily rejected message (#4.3.0)",
+    72: b"Zconnection to mail server timed out (#4.4.1)",
+    73: b"Zconnection to mail server rejected (#4.4.1)",
+    74: b"Zcommunication with mail server failed (#4.4.2)",
+    81: b"Zqq internal bug (#4.3.0)",
+    91: b"Zqq internal bug (#4.3.0)",
+    120: b"Zunable to exec qq (#4.3.0)",
+}
+_READ_ERROR = _TEXTS[54]
+_CRASHED = b"Zqq crashed (#4.3.0)"
+_PERMANENT = b"Dqq permanent problem (#5.3.0)"
+_TEMPORARY = b"Zqq temporary problem (#4.3.0)"
+
+_live = set()           # parent-side fds of every unfinished client, closed in new children
+
+
+class QueueStartError(OSError):
+    """No queueing child could be started (pipe or fork failed)."""
+
+
+def explain(code, caller_write_error=False, fd6=b""):
+    """qmail's class-prefixed text for an exit status (None = killed by a signal)."""
+    if code is None:
+        return _CRASHED
+    if code == 0:
+        return _READ_ERROR if caller_write_error else b""
+    if code == 82 and len(fd6) > 2:
+        return fd6
+    if code in _TEXTS:
+        return _TEXTS[code]
+    return _PERMANENT if 11 <= code <= 40 else _TEMPORARY
+
+
+class Result:
+    """Outcome of one queueing: exit code (None if killed), child pid, qmail's text."""
+    __slots__ = ("code", "pid", "text", "ok", "permanent")
+
+    def __init__(self, code, pid, marked):
+        self.code = code
+        self.pid = pid
+        self.ok = marked == b""
+        self.permanent = marked[:1] == b"D"
+        self.text = marked[1:]          # without the D/Z class letter
+
+    def __repr__(self):
+        return "Result(code=%r, pid=%r, text=%r)" % (self.code, self.pid, self.text)
+
+
+class QueueClient:
+    def __init__(self, home, environ=None):
+        environ = os.environ if environ is None else environ
+        program = environ.get("QMAILQUEUE")
+        fds = []
+        try:
+            for _ in range(3):
+                fds.extend(os.pipe())
+            msg_r, msg_w, env_r, env_w, err_r, err_w = fds
+            pid = os.fork()
+        except OSError as e:
+            for fd in fds:
+                os.close(fd)
+            raise QueueStartError(e.errno, "unable to start qmail-queue: %s" % e.strerror) from e
+        if pid == 0:
+            _child(home, program, msg_r, env_r, err_w, (msg_w, env_w, err_r))
+        os.close(msg_r)
+        os.close(env_r)
+        os.close(err_w)
+        self.pid = pid
+        self._owner = os.getpid()
+        self._msg, self._env, self._err = msg_w, env_w, err_r
+        _live.update((msg_w, env_w, err_r))
+        self._buf = bytearray()
+        self._write_error = False
+        self._result = None
+
+    # -- message ----------------------------------------------------------
+    def write(self, data):
+        if self._write_error or self._msg is None:
+            return
+        self._buf += data
+        if len(self._buf) >= _BUFFER:
+            self._flush()
+
+    def _flush(self):
+        try:
+            _write_all(self._msg, self._buf)
+        except OSError:
+            self._write_error = True
+        self._buf.clear()
+
+    def _close(self, name):
+        fd = getattr(self, name)
+        if fd is not None:
+            os.close(fd)
+            _live.discard(fd)
+            setattr(self, name, None)
+
+    # -- envelope and result ----------------------------------------------
+    def finish(self, sender, recipients):
+        """Close the message, send the envelope, wait; a Result."""
+        if self._result is not None:
+            return self._result
+        if not self._write_error:
+            self._flush()
+        self._close("_msg")
+        if not self._write_error:
+            parts = [b"F", sender, b"\0"]
+            for rcpt in recipients:
+                parts += [b"T", rcpt, b"\0"]
+            parts.append(b"\0")
+            try:
+                _write_all(self._env, b"".join(parts))
+            except OSError:
+                self._write_error = True
+        return self._wait()
+
+    def abort(self):
+        """Give up: the child sees an envelope without its final NUL and queues nothing."""
+        if self._result is not None:
+            return self._result
+        self._write_error = True
+        self._buf.clear()
+        self._close("_msg")
+        return self._wait()
+
+    def _wait(self):
+        self._close("_env")
+        try:
+            _, wstat = os.waitpid(self.pid, 0)
+        except ChildProcessError:               # someone else reaped it (qmail's wording)
+            self._close("_err")
+            self._result = Result(None, self.pid, b"Zqq waitpid surprise (#4.3.0)")
+            return self._result
+        code = os.waitstatus_to_exitcode(wstat)
+        if code < 0:
+            code = None
+        fd6 = b""
+        if code == 82:
+            try:
+                fd6 = os.read(self._err, 255)
+            except OSError:
+                fd6 = b""
+        self._close("_err")
+        self._result = Result(code, self.pid, explain(code, self._write_error, fd6))
+        return self._result
+
+    def __del__(self):
+        """Forgotten without finish(): abort, so that nothing is queued and no zombie stays."""
+        try:
+            if self._result is None and os.getpid() == self._owner:
+                self.abort()
+        except (OSError, AttributeError):
+            pass
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _child(home, program, msg_r, env_r, err_w, parent_fds):
+    """In the forked child: wire fds 0, 1, 6, chdir home, exec or run; never returns."""
+    code = 81
+    try:
+        import fcntl
+        for fd in set(parent_fds) | _live:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        # Copy the three ends above 6 first so that no dup2 overwrites another.
+        ends = (msg_r, env_r, err_w)
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 7) for fd in ends]
+        for fd in ends:
+            os.close(fd)
+        for fd, target in zip(high, (0, 1, 6)):
+            os.dup2(fd, target, inheritable=True)
+            os.close(fd)
+        try:
+            os.chdir(home)
+        except OSError:
+            os._exit(61)
+        if program is not None:
+            try:
+                os.execv(program, [program])
+            except (OSError, ValueError):
+                os._exit(120)
+        from qmailpy import qmailqueue
+        code = qmailqueue.run(home, msg_fd=0, env_fd=1)
+    except BaseException:
+        code = 81
+    finally:
+        os._exit(code)

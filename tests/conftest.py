@@ -1,0 +1,101 @@
+"""Shared fixtures: a real qmail home in a temp directory.
+
+qmail_home: a fresh home made by `qmailctl init --home PATH --me test.example
+--user USER`. USER is the invoking user, or `nobody` when the tests run as
+root; then the home lives under a 0755 directory (pytest's own temp base is
+0700 for root, which nobody could not traverse) and is owned by nobody.
+"""
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+VENV_BIN = os.path.dirname(sys.executable)
+AS_ROOT = os.geteuid() == 0
+
+
+class QmailHome:
+    """A qmail home under test (see the module docstring)."""
+
+    def __init__(self, path, user):
+        pw = pwd.getpwnam(user)
+        self.path = path
+        self.queue = os.path.join(path, "queue")
+        self.user, self.uid, self.gid = user, pw.pw_uid, pw.pw_gid
+        env = dict(os.environ)
+        env.pop("QMAILQUEUE", None)
+        env["QMAILHOME"] = path
+        env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+        self.env = env
+
+    def control(self, name, text):
+        """Write control/NAME (str or bytes), owned like the rest of the home."""
+        path = os.path.join(self.path, "control", name)
+        with open(path, "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
+        os.chmod(path, 0o644)
+        if AS_ROOT:
+            os.chown(path, self.uid, self.gid)
+        return path
+
+    def run(self, argv, input=None, **kw):
+        """subprocess.run with this home's environment; output captured unless told otherwise."""
+        kw.setdefault("env", self.env)
+        if "stdout" not in kw and "stderr" not in kw and "capture_output" not in kw:
+            kw["capture_output"] = True
+        kw.setdefault("timeout", 60)
+        return subprocess.run(argv, input=input, **kw)
+
+    def queue_message(self, message, sender, recipients, env=None):
+        """Run qmail-queue: message on fd 0, envelope on fd 1 (both pipes); a CompletedProcess."""
+        envelope = b"F" + sender + b"\0" + b"".join(b"T" + r + b"\0" for r in recipients) + b"\0"
+        env_r, env_w = os.pipe()
+        try:
+            proc = subprocess.Popen(["qmail-queue"], stdin=subprocess.PIPE, stdout=env_r,
+                                    stderr=subprocess.PIPE, env=env or self.env)
+        finally:
+            os.close(env_r)
+        try:
+            try:
+                proc.stdin.write(message)
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+            try:
+                with os.fdopen(env_w, "wb", closefd=True) as f:
+                    env_w = None
+                    f.write(envelope)
+            except BrokenPipeError:
+                pass
+            stderr = proc.stderr.read()
+            proc.stderr.close()
+            code = proc.wait(timeout=60)
+        finally:
+            if env_w is not None:
+                os.close(env_w)
+        return subprocess.CompletedProcess(["qmail-queue"], code, b"", stderr)
+
+
+@pytest.fixture
+def qmail_home(tmp_path):
+    if AS_ROOT:
+        user = "nobody"
+        base = tempfile.mkdtemp(prefix="qmailpy-test-")
+        os.chmod(base, 0o755)
+    else:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        base = str(tmp_path)
+    path = os.path.join(base, "home")
+    env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
+    done = subprocess.run(["qmailctl", "init", "--home", path, "--me", "test.example", "--user", user],
+                          env=env, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    try:
+        yield QmailHome(path, user)
+    finally:
+        if AS_ROOT:
+            shutil.rmtree(base, ignore_errors=True)
