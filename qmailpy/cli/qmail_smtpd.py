@@ -1,0 +1,27 @@
+"""qmail-smtpd: one SMTP session on fds 0/1 with the tcpserver environment (spec §10)."""
+import os
+import sys
+
+
+def main(argv=None):
+    from qmailpy.home import qmail_home
+    from qmailpy.smtpd.session import R_CONTROLS, serve
+    home = qmail_home()
+    try:
+        os.chdir(home)
+        if os.geteuid() == 0:
+            from qmailpy.smtpd import privileges
+            privileges.drop(home)
+    except Exception:
+        try:
+            os.write(1, R_CONTROLS)
+        except OSError:
+            pass
+        return 1
+    from qmailpy.smtpd.tcpenv import complete
+    environ = complete(dict(os.environ))
+    return serve(home, environ)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

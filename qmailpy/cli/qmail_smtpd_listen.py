@@ -1,0 +1,75 @@
+"""qmail-smtpd-listen [-c limit] [-l localname] HOST:PORT: a forking listener for qmail-smtpd."""
+import os
+import sys
+
+USAGE = "qmail-smtpd-listen: usage: qmail-smtpd-listen [ -c limit ] [ -l localname ] host:port\n"
+
+
+def _parse(argv):
+    from qmailpy.inject.sgetopt import GetoptError, sgetopt
+    try:
+        opts, args = sgetopt(argv, "c:l:")
+    except GetoptError:
+        return None
+    limit, local = 40, None
+    for opt, value in opts:
+        if opt == "c":
+            if not value.isdigit() or int(value) < 1:
+                return None
+            limit = int(value)
+        elif opt == "l":
+            local = value
+    if len(args) != 1:
+        return None
+    host, sep, port = args[0].rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return None
+    return host.strip("[]"), int(port), limit, local
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    parsed = _parse(argv)
+    if parsed is None:
+        sys.stderr.write(USAGE)
+        return 100
+    host, port, limit, local = parsed
+    from qmailpy.home import ControlError, control_value, qmail_home
+    from qmailpy.listener import Listener
+    # Loaded once here so that each forked session starts with them in memory.
+    from qmailpy.smtpd import privileges, session
+    from qmailpy import privs
+    privileges.preload()
+    home = qmail_home()
+    if local is None:
+        try:
+            me = control_value(home, "me")
+        except ControlError:
+            me = None
+        local = me.decode("ascii", "replace") if me else None
+
+    def handler(environ):
+        try:
+            os.chdir(home)
+            privileges.drop(home)
+        except (OSError, privs.PrivError):
+            os.write(1, session.R_CONTROLS)
+            return 1
+        return session.serve(home, environ)
+
+    try:
+        listener = Listener(host, port, handler, limit=limit, local_host=local)
+    except OSError as e:
+        sys.stderr.write("qmail-smtpd-listen: fatal: unable to bind %s:%d: %s\n"
+                         % (host, port, e.strerror))
+        return 111
+
+    def ready():
+        sys.stderr.write("qmail-smtpd-listen: listening on %s:%d\n" % tuple(listener.address))
+        sys.stderr.flush()
+
+    return listener.serve(ready)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Header completion and the envelope of an injected message (spec §11.1)."""
+import time
+
+from qmailpy.envelope import date822, quote2
+from qmailpy.inject import addrlist
+from qmailpy.inject.headers import (DROPPED, RECIPIENT_FIELDS, RESENT_RECIPIENT_FIELDS,
+                                    SENDER_FIELDS, is_resent)
+from qmailpy.inject.rewrite import Rewriter
+
+# Recipient strategies: -a arguments, -h header, -H both, -A arguments if any else header.
+ARGS, HEADER, BOTH, DEFAULT = "a", "h", "H", "A"
+
+
+class InjectError(Exception):
+    """Ends qmail-inject: .code is 100 (permanent) or 111 (temporary)."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+class Composed:
+    def __init__(self, header, sender, recipients):
+        self.header = header            # the completed header fields, bytes
+        self.sender = sender
+        self.recipients = recipients
+
+
+def _quote_name(name):
+    return b'"' + name.replace(b"\\", b"\\\\").replace(b'"', b'\\"') + b'"'
+
+
+def parse_argument(text, rw):
+    """Addresses in a command-line recipient or -f value; InjectError if unreadable."""
+    try:
+        items = addrlist.parse(text)
+    except addrlist.ParseError as e:
+        raise InjectError(100, "unable to parse address %r: %s"
+                          % (text.decode("utf-8", "replace"), e))
+    return [rw(box.address) for box in addrlist.mailboxes(items)]
+
+
+def compose(header, settings, strategy=DEFAULT, args=(), sender=None, now=None, pid=None):
+    now = int(time.time()) if now is None else now
+    pid = pid if pid is not None else __import__("os").getpid()
+    rw = Rewriter(settings.defaulthost, settings.defaultdomain, settings.plusdomain)
+    if strategy == DEFAULT:
+        strategy = ARGS if args else HEADER
+    resent = is_resent(header)
+    header_recipients = strategy in (HEADER, BOTH)
+    wanted = RESENT_RECIPIENT_FIELDS if resent else RECIPIENT_FIELDS
+
+    kept = []                 # (key, bytes) of the original fields, as they will be written
+    from_header = []          # header recipient addresses
+    tocc = []                 # To/Cc mailboxes (Mail-Followup-To)
+    return_path = None
+    for field in header.fields:
+        key = field.key
+        if settings.flag("f") and key == b"from":
+            continue
+        if settings.flag("i") and key == b"message-id":
+            continue
+        if settings.flag("s") and key == b"return-path":
+            continue
+        raw = field.raw
+        if key in SENDER_FIELDS or key in RECIPIENT_FIELDS or key in RESENT_RECIPIENT_FIELDS:
+            try:
+                items = addrlist.parse(field.body())
+            except addrlist.ParseError as e:
+                if key in SENDER_FIELDS or (header_recipients and key in wanted):
+                    raise InjectError(100, "invalid header field (%s): %s"
+                                      % (e, raw.decode("utf-8", "replace").rstrip("\n")))
+                items = None
+            if items is not None:
+                addrlist.rewrite(items, rw)
+                boxes = list(addrlist.mailboxes(items))
+                if key in wanted:
+                    from_header.extend(b.address for b in boxes)
+                if key in (b"to", b"cc"):
+                    tocc.extend(boxes)
+                if key == b"return-path" and boxes and return_path is None:
+                    return_path = boxes[0].address
+                raw = field.name + b": " + addrlist.render(items, len(field.name) + 2) + b"\n"
+        if key in DROPPED:
+            continue
+        kept.append((key, raw))
+
+    keys = {key for key, _ in kept}
+    prefix = b"Resent-" if resent else b""
+    lower = prefix.lower()
+    added = []
+    if lower + b"date" not in keys:
+        added.append(prefix + b"Date: " + date822(now) + b"\n")
+    if lower + b"message-id" not in keys:
+        stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime(now)).encode()
+        added.append(prefix + b"Message-ID: <%s.%d.qmail@%s>\n" % (stamp, pid, settings.idhost))
+    if lower + b"from" not in keys:
+        added.append(prefix + b"From: " + default_from(settings, rw) + b"\n")
+    if lower + b"to" not in keys and lower + b"cc" not in keys:
+        added.append(prefix + b"Cc: recipient list not shown: ;\n")
+    if not resent and settings.mft and b"mail-followup-to" not in keys and \
+            any(b.address.lower() in settings.mft for b in tocc):
+        followup = [addrlist.Mailbox(b.address) for b in tocc]
+        added.append(b"Mail-Followup-To: " + addrlist.render(followup, 18) + b"\n")
+
+    if sender is not None:
+        found = parse_argument(sender, rw)
+        if len(found) > 1:
+            raise InjectError(100, "more than one sender address in %r"
+                              % sender.decode("utf-8", "replace"))
+        envelope_sender = found[0] if found else b""
+    elif return_path is not None:
+        envelope_sender = return_path
+    else:
+        envelope_sender = default_sender(settings, rw, now, pid)
+
+    recipients = []
+    if strategy in (ARGS, BOTH):
+        for arg in args:
+            recipients.extend(parse_argument(arg, rw))
+    if header_recipients:
+        recipients.extend(from_header)
+    recipients = [r for r in recipients if r]
+    return Composed(b"".join(added) + b"".join(raw for _, raw in kept),
+                    envelope_sender, recipients)
+
+
+def default_from(settings, rw):
+    if settings.host:
+        addr = settings.user + b"@" + settings.host
+    else:
+        addr = rw(settings.user)
+    addr = quote2(addr)
+    if not settings.name:
+        return addr
+    if settings.flag("c"):
+        return addr + b" (" + settings.name.replace(b")", b"]").replace(b"(", b"[") + b")"
+    return _quote_name(settings.name) + b" <" + addr + b">"
+
+
+def default_sender(settings, rw, now, pid):
+    local = settings.suser or settings.user
+    if settings.flag("m"):
+        local += b"-%d.%d" % (now, pid)
+    if settings.flag("r"):
+        local += b"-"
+    host = settings.shost or settings.host
+    sender = local + b"@" + host if host else rw(local)
+    if settings.flag("r"):
+        sender += b"-@[]"
+    return sender

@@ -1,0 +1,20 @@
+"""The Received line qmail-smtpd writes before the message (spec §10)."""
+from qmailpy.envelope import date822
+
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.@%+/=:-[]")
+
+
+def safe(value):
+    return bytes(ch if ch in _SAFE else 63 for ch in value)
+
+
+def received_line(remotehost, helo, remoteinfo, remoteip, local, when=None):
+    """helo is None unless a HELO/EHLO argument differs (case-insensitively) from remotehost."""
+    parts = [b"Received: from ", safe(remotehost)]
+    if helo is not None:
+        parts += [b" (HELO ", safe(helo), b")"]
+    parts.append(b" (")
+    if remoteinfo is not None:
+        parts += [safe(remoteinfo), b"@"]
+    parts += [safe(remoteip), b")\n  by ", safe(local), b" with SMTP; ", date822(when), b"\n"]
+    return b"".join(parts)

@@ -1,0 +1,175 @@
+"""Helpers for the qmail-smtpd, listener, sendmail and qmail-inject tests (plus their own checks).
+
+SmtpdProcess runs the real qmail-smtpd program with a connected socket on its
+fds 0/1, as tcpserver does; the test holds the other end. queued() reads what
+reached the queue: the todo/ envelope and the mess/ bytes of each message.
+"""
+import os
+import re
+import socket
+import subprocess
+
+from qmailpy.envelope import parse_todo
+
+TIMEOUT = 30
+REPLY_LINE = re.compile(rb"\A[2-5][0-9][0-9][ -][^\r\n]*\r\n\Z")
+
+
+def tcp_env(home, **extra):
+    env = dict(home.env)
+    for name in ("RELAYCLIENT", "DATABYTES", "TCPREMOTEHOST", "TCPREMOTEINFO", "TCPLOCALHOST"):
+        env.pop(name, None)
+    env.update(PROTO="TCP", TCPREMOTEIP="192.0.2.7", TCPREMOTEPORT="4000",
+               TCPLOCALIP="127.0.0.1", TCPLOCALPORT="25")
+    env.update(extra)
+    return env
+
+
+class SmtpdProcess:
+    def __init__(self, home, argv=("qmail-smtpd",), **env):
+        self.client, server = socket.socketpair()
+        self.client.settimeout(TIMEOUT)
+        try:
+            self.proc = subprocess.Popen(list(argv), stdin=server, stdout=server,
+                                         stderr=subprocess.PIPE, env=tcp_env(home, **env))
+        finally:
+            server.close()
+        self.pending = b""
+
+    def send(self, data):
+        self.client.sendall(data)
+
+    def _line(self):
+        while b"\n" not in self.pending:
+            data = self.client.recv(65536)
+            if not data:
+                raise EOFError("connection closed; unread: %r" % self.pending)
+            self.pending += data
+        line, _, self.pending = self.pending.partition(b"\n")
+        return line + b"\n"
+
+    def reply(self):
+        """One complete (possibly multi-line) reply as bytes, each line checked for form."""
+        lines = []
+        while True:
+            line = self._line()
+            assert REPLY_LINE.match(line), line
+            lines.append(line)
+            if line[3:4] == b" ":
+                return b"".join(lines)
+
+    def command(self, data):
+        self.send(data)
+        return self.reply()
+
+    def rest(self):
+        """Everything until the server closes the connection."""
+        data = self.pending
+        self.pending = b""
+        while True:
+            chunk = self.client.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+
+    def close(self):
+        """Close our end; the exit status. What the server wrote to fd 2 is kept in .stderr."""
+        self.client.close()
+        self.stderr = self.proc.stderr.read()
+        return self.proc.wait(timeout=TIMEOUT)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            self.client.close()
+            try:
+                self.proc.wait(timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stderr.close()
+        self.client.close()
+
+
+class Queued:
+    def __init__(self, n, todo, mess):
+        self.n = n
+        self.sender = todo.sender
+        self.recipients = todo.recipients
+        self.uid = todo.uid
+        self.mess = mess
+
+    def body_after_received(self, count=2):
+        """mess bytes without the first `count` Received lines (qmail-queue's, qmail-smtpd's)."""
+        data = self.mess
+        for _ in range(count):
+            assert data.startswith(b"Received: "), data[:80]
+            end = data.index(b"\n")
+            while data[end + 1:end + 2] in (b" ", b"\t"):
+                end = data.index(b"\n", end + 1)
+            data = data[end + 1:]
+        return data
+
+
+def queued(home):
+    """Every message in todo/, oldest inode first."""
+    todo_dir = os.path.join(home.queue, "todo")
+    out = []
+    for name in sorted(os.listdir(todo_dir), key=int):
+        with open(os.path.join(todo_dir, name), "rb") as f:
+            todo = parse_todo(f.read())
+        n = int(name)
+        with open(os.path.join(home.queue, "mess", str(n % 23), name), "rb") as f:
+            out.append(Queued(n, todo, f.read()))
+    return out
+
+
+def mess_count(home):
+    return sum(len(os.listdir(os.path.join(home.queue, "mess", str(i)))) for i in range(23))
+
+
+def test_queued_reads_a_message_put_there_by_qmail_queue(qmail_home):
+    done = qmail_home.queue_message(b"Subject: x\n\nhi\n", b"a@b.example", [b"c@d.example"])
+    assert done.returncode == 0, done.stderr
+    [msg] = queued(qmail_home)
+    assert (msg.sender, msg.recipients) == (b"a@b.example", [b"c@d.example"])
+    assert msg.body_after_received(1) == b"Subject: x\n\nhi\n"
+
+
+def test_smtpd_process_greets_and_quits(qmail_home):
+    with SmtpdProcess(qmail_home) as s:
+        assert s.reply() == b"220 test.example ESMTP\r\n"
+        assert s.command(b"QUIT\r\n") == b"221 test.example\r\n"
+        assert s.close() == 0
+
+
+class ListenerProcess:
+    """qmail-smtpd-listen on 127.0.0.1, port chosen by the kernel; .port once it listens."""
+
+    def __init__(self, home, *options, env=None):
+        self.proc = subprocess.Popen(["qmail-smtpd-listen", *options, "127.0.0.1:0"],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, env=env or home.env)
+        line = self.proc.stderr.readline()
+        m = re.match(rb"qmail-smtpd-listen: listening on 127\.0\.0\.1:(\d+)\n", line)
+        assert m, line + self.proc.stderr.read()
+        self.port = int(m.group(1))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        code = self.proc.wait(timeout=TIMEOUT)
+        self.proc.stderr.close()
+        return code
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if not self.proc.stderr.closed:
+            self.proc.stderr.close()
