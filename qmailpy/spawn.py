@@ -151,8 +151,11 @@ def _run_child(run_delivery, messfd, out_w, cmd):
     """In the forked child: wire fds 0/1/2 and run the delivery; never returns."""
     code = 111
     try:
+        # The parent's wakeup fd is about to be closed; a stale number could be
+        # reused by the child's own files. SIGPIPE stays ignored, as qmail's
+        # spawner children inherit it; program deliveries restore it themselves.
+        signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         os.dup2(messfd, 0)
         os.dup2(out_w, 1)
         os.dup2(out_w, 2)

@@ -1,0 +1,161 @@
+"""One qmail-remote run: route, look up, connect, talk, report (spec §9.2).
+
+run(args, home) takes qmail-remote's arguments (host, sender, recipients, as
+bytes) with the message on fd 0, and writes its records to fd 1: each is a
+letter and a text followed by NUL. It always returns 0, as qmail-remote always
+exits 0; qmail-rspawn turns the records into one K/Z/D result.
+"""
+import os
+
+from qmailpy.envelope import quote
+
+TEMP_NOMEM = b"ZOut of memory. (#4.3.0)\n"
+TEMP_OSERR = b"ZSystem resources temporarily unavailable. (#4.3.0)\n"
+TEMP_NOCONN = b"ZSorry, I wasn't able to establish an SMTP connection. (#4.4.1)\n"
+TEMP_DNS = b"ZSorry, I couldn't find any host by that name. (#4.1.2)\n"
+TEMP_CHDIR = b"ZUnable to switch to home directory. (#4.3.0)\n"
+TEMP_CONTROL = b"ZUnable to read control files. (#4.3.0)\n"
+PERM_USAGE = b"DI (qmail-remote) was invoked improperly. (#5.3.5)\n"
+PERM_NOMX = b"DSorry, I couldn't find a mail exchanger or IP address. (#5.4.4)\n"
+PERM_AMBIGMX = (b"DSorry. Although I'm listed as a best-preference MX or A for that host,\n"
+                b"it isn't in my control/locals file, so I don't treat it as local. (#5.4.6)\n")
+# Not in qmail: an address with CR or LF would put a bare line ending on the wire.
+PERM_BADADDR = b"DSorry, an address with a CR or LF cannot be sent by SMTP. (#5.1.3)\n"
+
+
+def perm_dns(host):
+    shown = bytes(ch if 33 <= ch <= 126 else 0x3F for ch in host)
+    return b"DSorry, I couldn't find any host named " + shown + b". (#5.1.2)\n"
+
+
+def smtp_address(addr):
+    """quote(local)@domain; an address without '@' goes out as it is ('' -> '<>')."""
+    at = addr.rfind(b"@")
+    if at < 0:
+        return addr
+    return quote(addr[:at]) + addr[at:]
+
+
+class Controls:
+    __slots__ = ("timeout", "timeoutconnect", "helohost", "routes")
+
+
+def read_controls(home):
+    """qmail-remote's controls; raises ControlError (also when helohost and me are absent)."""
+    from qmailpy.home import ControlError, control_int, control_list, control_value
+    from qmailpy.remote.routes import route_table
+    c = Controls()
+    c.timeout = control_int(home, "timeoutremote", 1200)
+    c.timeoutconnect = control_int(home, "timeoutconnect", 60)
+    helo = control_value(home, "helohost")
+    if helo is None:
+        helo = control_value(home, "me")
+    if helo is None:
+        raise ControlError("neither control/helohost nor control/me")
+    if b"\r" in helo:
+        raise ControlError("control/helohost has a CR")
+    c.helohost = helo
+    c.routes = route_table(control_list(home, "smtproutes", []))
+    return c
+
+
+def deliver(args, home, messfd=0, lookup=None, now=None, pid=None):
+    """The records of one run (a list of bytes, each without its NUL)."""
+    from qmailpy.home import ControlError
+    from qmailpy.remote import dns, routes, smtp
+    from qmailpy.remote.tcpto import Table
+
+    if len(args) < 3:
+        return [PERM_USAGE]
+    try:
+        os.chdir(home)
+    except OSError:
+        return [TEMP_CHDIR]
+    try:
+        controls = read_controls(home)
+    except ControlError:
+        return [TEMP_CONTROL]
+
+    host = args[0]
+    port = routes.SMTP_PORT
+    relay = routes.find_relay(controls.routes, host)
+    if relay is not None:
+        host, port = routes.split_relay(relay)
+
+    if any(b"\r" in a or b"\n" in a for a in args[1:]):
+        return [PERM_BADADDR]
+    sender = smtp_address(args[1])
+    recipients = [smtp_address(r) for r in args[2:]]
+
+    if pid is None:
+        pid = os.getpid()
+    if now is None:
+        import time
+        now = lambda: int(time.time())        # noqa: E731
+    if lookup is None and (not host or dns.ip_literal(host) is None):
+        lookup = dns.resolver_lookup()
+    try:
+        if relay is not None:
+            found, soft = dns.addresses(host, lookup), False
+        else:
+            found, soft = dns.mx_addresses(host, now() + (pid << 16), lookup)
+    except dns.DNSSoft:
+        return [TEMP_DNS]
+    except dns.DNSHard:
+        return [perm_dns(host)]
+    if soft and not found:
+        return [TEMP_DNS]
+    if not found:
+        return [PERM_NOMX]
+
+    if relay is not None:
+        eligible = found
+    else:
+        try:
+            mine = dns.local_addresses()
+        except OSError:
+            return [TEMP_OSERR]
+        prefme = min((pref for pref, ip in found if ip in mine), default=100000)
+        eligible = [(pref, ip) for pref, ip in found if pref < prefme]
+        if not eligible:
+            return [PERM_AMBIGMX]
+
+    table = Table(now=now, pid=pid)
+    for _, ip in eligible:
+        if table.suppressed(ip):
+            continue
+        partner = dns.format_ip(ip)
+        sock, timed_out = smtp.connect(partner.decode("ascii"), port, controls.timeoutconnect)
+        if sock is None:
+            table.record(ip, timed_out)
+            continue
+        table.record(ip, False)
+        records = []
+        conn = smtp.Connection(sock, controls.timeout)
+        verdict = smtp.dialogue(conn, partner, controls.helohost, sender, recipients,
+                                messfd, records)
+        records.append(verdict)
+        return records
+    return [TEMP_NOCONN]
+
+
+def output(records):
+    """The bytes qmail-remote writes on fd 1."""
+    return b"".join(r + b"\0" for r in records)
+
+
+def run(args, home, messfd=0, outfd=1):
+    """qmail-remote: deliver and write the records on outfd; always returns 0."""
+    try:
+        records = deliver(args, home, messfd)
+    except MemoryError:
+        records = [TEMP_NOMEM]
+    except Exception:            # anything unforeseen is temporary, never a traceback
+        records = [TEMP_OSERR]
+    data = output(records)
+    try:
+        while data:
+            data = data[os.write(outfd, data):]
+    except OSError:
+        pass
+    return 0

@@ -1,0 +1,199 @@
+"""Mail exchanger and address lookups for qmail-remote (spec §9.2), IPv4 only.
+
+Lookups go through a `lookup(name, rdtype)` callable returning the answer's
+records in DNS order (dnspython rdata) or raising DNSHard (the name or the data
+does not exist) / DNSSoft (anything that may work later). `resolver_lookup()`
+builds one on dnspython with res_query's rules: the name is absolute, no search
+list. Tests pass their own lookup.
+
+Results are lists of (preference, 4-byte IPv4 address) in the order qmail tries
+them: MX hosts by increasing preference, equal preferences in the pseudo-random
+order of qmail's dns_mxip(), each host's A records in DNS order.
+"""
+import errno
+
+
+class DNSSoft(Exception):
+    """Temporary DNS failure."""
+
+
+class DNSHard(Exception):
+    """The name or the requested data does not exist."""
+
+
+def _dotted(text):
+    parts = text.split(b".")
+    if len(parts) != 4:
+        return None
+    out = bytearray()
+    for part in parts:
+        if not part or not part.isdigit() or not part.isascii():
+            return None
+        out.append(int(part) & 0xFF)
+    return bytes(out)
+
+
+def ip_literal(host):
+    """The address of `1.2.3.4` or `[1.2.3.4]`, else None."""
+    if host.startswith(b"[") and host.endswith(b"]"):
+        return _dotted(host[1:-1])
+    return _dotted(host)
+
+
+def format_ip(ip):
+    return b"%d.%d.%d.%d" % tuple(ip)
+
+
+def resolver_lookup(resolver=None):
+    """A lookup(name, rdtype) on dnspython (/etc/resolv.conf unless a resolver is given)."""
+    import dns.exception
+    import dns.name
+    import dns.rdatatype
+    import dns.resolver
+
+    made = [resolver]
+
+    def lookup(name, rdtype):
+        if not name:
+            raise DNSHard("empty name")
+        try:
+            res = made[0]
+            if res is None:
+                res = made[0] = dns.resolver.Resolver()
+            qname = dns.name.from_text(name.decode("ascii"))
+        except dns.resolver.NoResolverConfiguration as e:
+            raise DNSSoft(str(e)) from None
+        except (UnicodeDecodeError, dns.exception.SyntaxError, dns.name.NameTooLong,
+                dns.name.EmptyLabel, dns.name.LabelTooLong) as e:
+            raise DNSHard(str(e)) from None
+        except OSError as e:
+            raise DNSSoft(str(e)) from None
+        try:
+            answer = res.resolve(qname, dns.rdatatype.from_text(rdtype), search=False,
+                                 raise_on_no_answer=True)
+        except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer) as e:
+            raise DNSHard(str(e)) from None
+        except dns.exception.DNSException as e:          # timeouts, SERVFAIL, no servers
+            raise DNSSoft(str(e)) from None
+        except OSError as e:
+            raise DNSSoft(str(e)) from None
+        return list(answer)
+    return lookup
+
+
+def _host_bytes(target):
+    """An MX target as bytes without the final dot (the root, a null MX, is empty)."""
+    text = target.to_text() if hasattr(target, "to_text") else target
+    if isinstance(text, str):
+        text = text.encode("ascii", "replace")
+    return text[:-1] if text.endswith(b".") else text
+
+
+def addresses(host, lookup, pref=0):
+    """[(pref, ip)] for one host: an IP literal (preference 0), else its A records."""
+    if host:
+        literal = ip_literal(host)
+        if literal is not None:
+            return [(0, literal)]
+    import socket
+    return [(pref, socket.inet_aton(rd.address)) for rd in lookup(host, "A")]
+
+
+def order_mx(records, seed):
+    """[(pref, name)] in DNS order -> the order qmail tries them (dns_mxip).
+
+    Lowest preference first; among equal preferences a linear congruential
+    sequence seeded with `seed` (time + pid << 16 in qmail-remote) picks each
+    with equal chance. The sequence runs in 32 bits, as on the machines qmail
+    was written for: in a 64-bit unsigned long the test below is almost never
+    true and ties would always go the same way."""
+    mx = list(records)
+    random = seed & 0xFFFFFFFF
+    ordered = []
+    while mx:
+        i = 0
+        numsame = 1
+        for j in range(1, len(mx)):
+            if mx[j][0] < mx[i][0]:
+                i = j
+                numsame = 1
+            elif mx[j][0] == mx[i][0]:
+                numsame += 1
+                random = (random * 69069 + 1) & 0xFFFFFFFF
+                if random // 2 < 2147483647 // numsame:
+                    i = j
+        ordered.append(mx[i])
+        mx[i] = mx[-1]
+        mx.pop()
+    return ordered
+
+
+def mx_addresses(host, seed, lookup):
+    """(addresses, soft) for mail to host, as qmail's dns_mxip().
+
+    soft is True when some MX host's address lookup failed temporarily (its
+    addresses are then missing). Raises DNSSoft when the MX query itself failed
+    temporarily, DNSHard when the host has neither MX nor A records."""
+    literal = ip_literal(host) if host else None
+    if literal is not None:
+        return [(0, literal)], False
+    try:
+        records = [(rd.preference, _host_bytes(rd.exchange)) for rd in lookup(host, "MX")]
+    except DNSHard:
+        return addresses(host, lookup), False
+    if not records:
+        return addresses(host, lookup), False
+    found = []
+    soft = False
+    for pref, name in order_mx(records, seed):
+        try:
+            found.extend(addresses(name, lookup, pref))
+        except DNSSoft:
+            soft = True
+        except DNSHard:
+            pass
+    return found, soft
+
+
+# --- this host's own addresses (qmail's ipme) --------------------------------
+
+_SIOCGIFCONF = 0x8912
+_SIOCGIFFLAGS = 0x8913
+_IFF_UP = 0x1
+
+
+def local_addresses():
+    """The IPv4 addresses of the interfaces that are up, plus 0.0.0.0 (a set of 4-byte values)."""
+    import array
+    import fcntl
+    import socket
+    import struct
+
+    found = {b"\0\0\0\0"}
+    ifreq_size = 40 if struct.calcsize("P") == 8 else 32
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        size = 4096
+        while True:
+            buf = array.array("B", bytes(size))
+            addr, _ = buf.buffer_info()
+            ifc = struct.pack("iP", size, addr)
+            length = struct.unpack("iP", fcntl.ioctl(s.fileno(), _SIOCGIFCONF, ifc))[0]
+            if length + ifreq_size < size:
+                break
+            if size > 200000:
+                raise OSError(errno.ENOBUFS, "too many interfaces")
+            size *= 2
+        data = buf.tobytes()[:length]
+        for off in range(0, length - ifreq_size + 1, ifreq_size):
+            req = data[off:off + ifreq_size]
+            family = struct.unpack_from("H", req, 16)[0]
+            if family != socket.AF_INET:
+                continue
+            flags_req = req[:16] + bytes(ifreq_size - 16)
+            flags = struct.unpack_from("h", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, flags_req), 16)[0]
+            if flags & _IFF_UP:
+                found.add(req[20:24])
+    finally:
+        s.close()
+    return found

@@ -1,0 +1,116 @@
+"""qmail-rspawn: qmail-send's remote spawner (spec §9.1, §7.2).
+
+Runs in queue/mess, clears lock/tcpto at start, and serves spawn commands
+with qmailpy.spawn.serve: one forked child per delivery and recipient. The
+child runs qmail-remote's code directly (no exec, so no interpreter start per
+delivery) with the message on fd 0 and the report pipe on fds 1 and 2; if
+$QMAILREMOTE names a program, the child execs it instead, as qmail does.
+report() folds qmail-remote's records into the one K/Z/D reply.
+"""
+import errno
+import os
+
+# errno values qmail's error_temp() counts as temporary: an exec failing with
+# one of these is a deferral (exit 111), anything else a failure (exit 100).
+_TEMP_ERRNOS = frozenset(getattr(errno, name) for name in (
+    "EINTR", "ENOMEM", "ETXTBSY", "EIO", "ETIMEDOUT", "EWOULDBLOCK", "EAGAIN", "EDEADLK",
+    "EBUSY", "ENFILE", "EMFILE", "EFBIG", "ENOSPC", "ENETDOWN", "ENETUNREACH", "ENETRESET",
+    "ECONNABORTED", "ECONNRESET", "ECONNREFUSED", "EHOSTDOWN", "EHOSTUNREACH", "EDQUOT",
+    "ESTALE", "ENOLCK") if hasattr(errno, name))
+
+
+def report(wstat, output):
+    """letter + text for qmail-send from one qmail-remote's exit status and records."""
+    if os.WIFSIGNALED(wstat):
+        return b"Zqmail-remote crashed.\n"
+    code = os.waitstatus_to_exitcode(wstat)
+    if code == 111:
+        return b"ZUnable to run qmail-remote.\n"
+    if code != 0:
+        return b"DUnable to run qmail-remote.\n"
+    if not output:
+        return b"Zqmail-remote produced no output.\n"
+
+    s = output
+    result = -1                      # 1 K, 0 Z, -1 D or no verdict
+    start = 0
+    for k, ch in enumerate(s):
+        if ch == 0:
+            letter = s[start:start + 1]
+            if letter == b"K":
+                result = 1
+                break
+            if letter == b"Z":
+                result = 0
+                break
+            if letter == b"D":
+                break
+            start = k + 1
+    override = result
+    if s[:1] == b"s":
+        override = 0
+    elif s[:1] == b"h":
+        override = -1
+    reply = {1: b"K", 0: b"Z", -1: b"D"}[override]
+
+    end = s.find(b"\0", 1)
+    if end >= 0:
+        reply += s[1:end]
+        k = end + 1
+        if result <= override and k < len(s) and s[k:k + 1] in (b"K", b"Z", b"D"):
+            nul = s.find(b"\0", k + 1)
+            reply += s[k + 1:] if nul < 0 else s[k + 1:nul]
+    return reply
+
+
+def make_runner(home):
+    """run_delivery(sender, recipient) for spawn.serve, bound to the home."""
+    program = os.environ.get("QMAILREMOTE")
+
+    def run_delivery(sender, recipient):
+        domain = recipient[recipient.rfind(b"@") + 1:]
+        if program:
+            try:
+                os.execvp(program, [program, os.fsdecode(domain), os.fsdecode(sender),
+                                    os.fsdecode(recipient)])
+            except OSError as e:
+                return 111 if e.errno in _TEMP_ERRNOS else 100
+        from qmailpy.remote.deliver import run
+        return run([domain, sender, recipient], home)
+    return run_delivery
+
+
+def preload():
+    """Import what the children use once, in the spawner, so no child pays for it."""
+    import qmailpy.remote.deliver      # noqa: F401
+    import qmailpy.remote.dns          # noqa: F401
+    import qmailpy.remote.routes       # noqa: F401
+    import qmailpy.remote.smtp         # noqa: F401
+    import qmailpy.remote.tcpto        # noqa: F401
+    import qmailpy.home                # noqa: F401
+    try:
+        import dns.resolver            # noqa: F401  (MX lookups; 100+ ms to import)
+    except ImportError:
+        pass
+
+
+def serve(home, infd=0, outfd=1):
+    """Run qmail-rspawn for a home until qmail-send closes the command pipe; exit code."""
+    from qmailpy import privs, spawn
+    from qmailpy.remote import tcpto
+    home = os.path.abspath(home)
+    try:
+        os.chdir(home)
+        os.chdir("queue/mess")
+    except OSError:
+        return 111
+    try:
+        owner = privs.account(home, "qmailq").uid
+    except privs.PrivError:
+        return 111
+    tcpto.clean("../lock/tcpto")
+    if not os.environ.get("QMAILREMOTE"):
+        preload()
+        import gc
+        gc.freeze()          # children then leave the preloaded objects' pages shared
+    return spawn.serve(make_runner(home), report, expected_owner=owner, infd=infd, outfd=outfd)

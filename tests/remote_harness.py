@@ -1,0 +1,202 @@
+"""SMTP peers on 127.0.0.1 for the qmail-remote and qmail-rspawn tests.
+
+Smtpd: a real aiosmtpd server in its own thread and event loop, recording
+every transaction; its replies to RCPT, DATA and after the final dot can be
+scripted. ScriptedPeer: a raw socket server that plays a list of steps
+(send bytes, expect a line, read the DATA, hang, close) and records every byte
+it received, for misbehaving peers and exact wire checks.
+"""
+import asyncio
+import socket
+import threading
+
+from aiosmtpd.smtp import SMTP
+
+WAIT = 30
+
+
+class Transaction:
+    def __init__(self, helo, mail_from, rcpt_tos, data):
+        self.helo, self.mail_from, self.rcpt_tos, self.data = helo, mail_from, rcpt_tos, data
+
+
+class _Handler:
+    def __init__(self, owner):
+        self.owner = owner
+
+    async def handle_MAIL(self, server, session, envelope, address, mail_options):
+        reply = self.owner.mail_reply
+        if reply:
+            return reply
+        envelope.mail_from = address
+        return "250 OK"
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        reply = self.owner.rcpt_replies.get(address)
+        if reply:
+            return reply
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server, session, envelope):
+        self.owner.transactions.append(Transaction(
+            session.host_name, envelope.mail_from, list(envelope.rcpt_tos), envelope.original_content))
+        return self.owner.data_reply
+
+
+class Smtpd:
+    """aiosmtpd on 127.0.0.1:port (random port); use as a context manager."""
+
+    def __init__(self):
+        self.transactions = []
+        self.rcpt_replies = {}
+        self.mail_reply = None
+        self.data_reply = "250 2.0.0 Ok: queued"
+        self.loop = asyncio.new_event_loop()
+        handler = _Handler(self)
+        self.server = self.loop.run_until_complete(self.loop.create_server(
+            lambda: SMTP(handler, hostname="peer.test", loop=self.loop, decode_data=False),
+            "127.0.0.1", 0))
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(WAIT)
+        self.server.close()
+        self.loop.run_until_complete(self.server.wait_closed())
+        self.loop.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class ScriptedPeer:
+    """A one-connection-at-a-time raw SMTP peer playing `script` for each connection.
+
+    Steps: ("send", bytes) writes; ("line",) reads one line; ("data",) reads up
+    to and including CRLF.CRLF; ("hang",) waits until the client goes away;
+    ("close",) closes. Everything received is in .received (one bytes per
+    connection), .done is set after each connection ends."""
+
+    def __init__(self, script, host="127.0.0.1", port=0, backlog=8):
+        self.script = script
+        self.received = []
+        self.connections = 0
+        self.done = threading.Event()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.sock.listen(backlog)
+        self.host = host
+        self.port = self.sock.getsockname()[1]
+        self.stopping = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self.stopping:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            if self.stopping:
+                conn.close()
+                return
+            self.connections += 1
+            got = bytearray()
+            self.received.append(got)
+            conn.settimeout(WAIT)
+            try:
+                self._play(conn, got)
+            except OSError:
+                pass
+            finally:
+                conn.close()
+                self.received[-1] = bytes(got)
+                self.done.set()
+
+    def _read_until(self, conn, got, end):
+        start = len(got)
+        while end not in got[start:] and not (end == b"\r\n.\r\n" and got[start:start + 3] == b".\r\n"):
+            data = conn.recv(65536)
+            if not data:
+                return False
+            got += data
+        return True
+
+    def _play(self, conn, got):
+        for step in self.script:
+            kind = step[0]
+            if kind == "send":
+                conn.sendall(step[1])
+            elif kind == "line":
+                if not self._read_until(conn, got, b"\n"):
+                    return
+            elif kind == "data":
+                if not self._read_until(conn, got, b"\r\n.\r\n"):
+                    return
+            elif kind == "hang":
+                while True:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    got += data
+            elif kind == "close":
+                return
+        # after the script: collect what the client still sends (QUIT) until it closes
+        conn.settimeout(5)
+        try:
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                got += data
+        except OSError:
+            return
+
+    def close(self):
+        self.stopping = True
+        try:
+            socket.create_connection((self.host, self.port), timeout=1).close()
+        except OSError:
+            pass
+        self.sock.close()
+        self.thread.join(WAIT)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def closed_port():
+    """A port on 127.0.0.1 with nothing listening (connections are refused)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def qmail_remote(home, host, sender, *recipients, message=b"Subject: t\n\nhello\n", timeout=60):
+    """Run qmail-remote; (exit code, list of records without their NULs)."""
+    done = home.run(["qmail-remote", host, sender, *recipients], input=message, timeout=timeout)
+    assert done.stderr == b"", done.stderr
+    out = done.stdout
+    assert out.endswith(b"\0"), out
+    return done.returncode, out[:-1].split(b"\0")
+
+
+def route(home, domain, port, host="127.0.0.1"):
+    home.control("smtproutes", "%s:[%s]:%d\n" % (domain, host, port))
+
+
+def no_bare_line_ends(data):
+    """True if every CR in data is followed by LF and every LF preceded by CR."""
+    return data.replace(b"\r\n", b"").find(b"\r") < 0 and data.replace(b"\r\n", b"").find(b"\n") < 0
