@@ -1,0 +1,138 @@
+"""qmail-lspawn: local deliveries for qmail-send (qmail-lspawn(8); spec §8.1).
+
+Commands arrive on fd 0 and replies leave on fd 1 in the spawn protocol
+(qmailpy.spawn). Each delivery runs in a child forked from this process
+without an exec: the child finds the recipient (qmailpy.users), becomes
+that account, and runs qmail-local's code (qmailpy.local.deliver) with the
+message on fd 0 and the report pipe on fds 1 and 2. Its exit status and
+output become the K/Z/D reply. Everything a child needs is imported here,
+before the first fork, so a delivery costs a fork and no imports.
+
+Privileges: run as root (as qmail-start does), a child switches to the
+recipient's uid and gid (groups = just that gid) and refuses uid 0 (exit
+113). Run as an ordinary user, no switch is possible: a recipient whose uid
+is this process's uid is delivered as usual (a single-user home, where
+users/assign and the alias role name that one account), any other
+recipient gets a temporary failure that says so.
+
+The passwd lookup (qmail's qmail-getpw, which qmail runs as qmailp) happens
+in the child itself, before the switch: it only reads the passwd database
+and stats home directories.
+"""
+import os
+import signal
+
+from qmailpy import spawn, users
+from qmailpy.local import deliver as local_deliver
+
+QLX_USAGE = 112
+QLX_ROOT = 113
+
+# Exit statuses of a delivery child with a fixed reply (qmail's qlx.h texts).
+FIXED = {
+    112: b"ZInternal qmail-lspawn bug.\n",
+    113: b"ZNot allowed to perform deliveries as root.\n",
+    115: b"ZNFS failure in qmail-local.\n",
+    116: b"ZUnable to find alias user!\n",
+    117: b"ZTrouble reading users/cdb in qmail-lspawn.\n",
+    118: b"ZTemporary failure in qmail-lspawn.\n",
+    119: b"ZOut of memory in qmail-lspawn.\n",
+    120: b"ZUnable to run qmail-local.\n",
+    121: b"ZUnable to run qmail-getpw.\n",
+    126: b"DUnable to run qmail-local.\n",
+}
+TEMPORARY_CODES = (111, 71, 74, 75)
+
+
+def report(wstat, output):
+    """A finished child's reply: letter and text (spec §8.1)."""
+    if os.WIFSIGNALED(wstat):
+        return b"Zqmail-local crashed.\n"
+    code = os.WEXITSTATUS(wstat)
+    if code in FIXED:
+        return FIXED[code]
+    letter = b"K" if code == 0 else b"Z" if code in TEMPORARY_CODES else b"D"
+    output = spawn.truncate_report(output)
+    nul = output.find(b"\0")
+    return letter + (output if nul < 0 else output[:nul])
+
+
+def _become(recipient):
+    """Switch to the recipient's account; an exit status on refusal, else None."""
+    if recipient.uid == 0:
+        return QLX_ROOT
+    if os.geteuid() == 0:
+        from qmailpy import privs
+        try:
+            privs.switch_to(recipient.uid, recipient.gid)
+        except privs.PrivError:
+            return QLX_USAGE            # qmail: prot_gid/prot_uid failure
+        return QLX_ROOT if os.getuid() == 0 else None
+    if recipient.uid != os.getuid():
+        os.write(2, b"Unable to deliver as uid %d: qmail-lspawn runs as uid %d, not root."
+                 b" (#4.3.0)\n" % (recipient.uid, os.getuid()))
+        return 111
+    return None
+
+
+def deliver_one(home, aliasempty, sender, recipient):
+    """The body of one delivery child; returns its exit status."""
+    # The parent's signal wakeup fd number may be reused by a file we open.
+    signal.set_wakeup_fd(-1)
+    at = recipient.rfind(b"@")
+    local, domain = recipient[:at], recipient[at + 1:]
+    if not local:
+        return 0                        # <@host>: the trash address
+    try:
+        os.chdir(home)
+    except OSError:
+        return QLX_USAGE
+    try:
+        found = users.lookup(home, local)
+    except users.LookupFailure as e:
+        return e.code
+    refused = _become(found)
+    if refused is not None:
+        return refused
+    return local_deliver.deliver(found.user, found.home, local, found.dash, found.ext,
+                                 domain, sender, aliasempty, home=home)
+
+
+PRELOAD = ("fcntl", "pwd", "qmailpy.cdb", "qmailpy.envelope", "qmailpy.privs",
+           "qmailpy.local.dotqmail", "qmailpy.local.errors", "qmailpy.local.forward",
+           "qmailpy.local.maildir", "qmailpy.local.mbox", "qmailpy.local.program",
+           "qmailpy.queueclient", "qmailpy.qmailqueue")
+
+
+def _preload():
+    """Import what delivery children use, once, in the parent."""
+    import importlib
+    for name in PRELOAD:
+        importlib.import_module(name)
+
+
+def run(home, aliasempty, infd=0, outfd=1):
+    """Serve qmail-send until fd 0 closes; returns the exit status."""
+    from qmailpy import privs
+    home = os.path.abspath(home)
+    try:
+        owner = privs.account(home, "qmailq").uid
+    except privs.PrivError as e:
+        os.write(2, b"qmail-lspawn: fatal: %s\n" % str(e).encode())
+        return 111
+    _preload()
+    # Children share the parent's objects copy-on-write; a collection in a
+    # child would touch (and so copy) all of them.
+    import gc
+    gc.freeze()
+    try:
+        os.chdir(os.path.join(home, "queue", "mess"))
+    except OSError as e:
+        os.write(2, b"qmail-lspawn: fatal: unable to chdir to queue/mess: %s\n"
+                 % e.strerror.encode())
+        return 111
+
+    def run_delivery(sender, recipient):
+        return deliver_one(home, aliasempty, sender, recipient)
+
+    return spawn.serve(run_delivery, report, expected_owner=owner, infd=infd, outfd=outfd)
