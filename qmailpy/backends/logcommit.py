@@ -1,0 +1,262 @@
+"""Appending records to the log backend's segments, with group commit.
+
+Every process that writes the log (each qmail-queue, and qmail-send) shares three
+small files in queue/log/:
+
+  lock    flock(2)ed exclusively around every append and every rotation
+  sync    flock(2)ed exclusively by whoever is checking or making durability
+  commit  40 bytes, little-endian u64s:
+            [0]  head       number of the segment appends go to
+            [8]  end        offset just after the last complete append in head
+            [16] synced_seg \\ everything up to (synced_seg, synced_end) is on
+            [24] synced_end /  disk (fsync'd); compared as a pair
+            [32] fsyncs     how many commit fsyncs were made (for benchmarks)
+            [40] rotations  how many rotations (each one fsync) were made
+          head/end/rotations are only read or written under `lock`, synced_*
+          and fsyncs only under `sync`, so no reader ever sees a torn value.
+
+Append (under `lock`): if the head segment is longer than `end` a previous
+appender died mid-write, so cut it back to `end`; write the record at `end`;
+advance `end`. The appender remembers (head, end-after-its-record).
+
+Make durable (group commit): take `sync`. If synced >= my position, someone else's
+fsync already covered my record: done, no fsync. Otherwise read (head, end) under
+`lock` (lock order is always sync -> lock, rotation takes only lock), fsync the
+head segment and store synced = (head, end): that covers every append finished
+before the read, so every writer that queued up on `sync` meanwhile finds itself
+covered. N concurrent writers therefore share far fewer than N fsyncs.
+
+Rotation (under `lock`, when a record would push the head past the size limit):
+fsync the old head, create the next segment with its header, fsync it and the
+directory, then point head at it. A writer whose segment was rotated away is
+durable (rotation fsync'd it); it records synced = (new head, header size).
+"""
+import errno
+import fcntl
+import os
+import struct
+
+from qmailpy.backends.logrecords import HEADER_SIZE, segment_header
+
+LOG_DIR = "log"
+SEGMENT_LIMIT = 64 * 1024 * 1024
+_COMMIT = struct.Struct("<QQQQQQ")
+COMMIT_SIZE = _COMMIT.size
+FILE_MODE = 0o660
+
+
+def segment_name(number):
+    return "%010d.seg" % number
+
+
+def segment_number(name):
+    """Number of a segment file name, or None for anything else in log/."""
+    if len(name) == 14 and name.endswith(".seg") and name[:10].isdigit():
+        return int(name[:10])
+    return None
+
+
+def list_segments(logdir):
+    try:
+        names = os.listdir(logdir)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in map(segment_number, names) if n is not None)
+
+
+def _open_rw(path, create=True):
+    flags = os.O_RDWR | (os.O_CREAT if create else 0)
+    fd = os.open(path, flags, FILE_MODE)
+    if create:
+        _share(fd)
+    return fd
+
+
+def _share(fd):
+    """Group read-write whatever the umask (qmail-queue runs with 033, qmail-send 077):
+    qmail-queue (qmailq) and qmail-send (qmails) append to and flag each other's files."""
+    st = os.fstat(fd)
+    if st.st_uid == os.geteuid() and st.st_mode & 0o777 != FILE_MODE:
+        os.fchmod(fd, FILE_MODE)
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LogWriter:
+    """One process's handle on the log: append records, make them durable."""
+
+    def __init__(self, logdir, segment_limit=SEGMENT_LIMIT):
+        self.logdir = logdir
+        self.segment_limit = segment_limit
+        try:
+            os.mkdir(logdir)
+            os.chmod(logdir, 0o2770)         # qmailq and qmails share it (group qmail)
+        except FileExistsError:
+            pass
+        self.lock_fd = _open_rw(os.path.join(logdir, "lock"))
+        self.sync_fd = _open_rw(os.path.join(logdir, "sync"))
+        self.commit_fd = _open_rw(os.path.join(logdir, "commit"))
+        self._segments = {}              # number -> fd
+        self.fsyncs = 0                  # fsyncs made by this process
+
+    def close(self):
+        for fd in [self.lock_fd, self.sync_fd, self.commit_fd, *self._segments.values()]:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._segments.clear()
+
+    # -- the commit word ---------------------------------------------------
+    def _read_commit(self):
+        data = os.pread(self.commit_fd, COMMIT_SIZE, 0)
+        if len(data) < COMMIT_SIZE:
+            data = data.ljust(COMMIT_SIZE, b"\0")
+        return list(_COMMIT.unpack(data))
+
+    def _write_head(self, head, end):
+        os.pwrite(self.commit_fd, struct.pack("<QQ", head, end), 0)
+
+    def _write_rotations(self, count):
+        os.pwrite(self.commit_fd, struct.pack("<Q", count), 40)
+
+    def _write_synced(self, seg, end, fsyncs):
+        os.pwrite(self.commit_fd, struct.pack("<QQQ", seg, end, fsyncs), 16)
+
+    def head(self):
+        """(head segment, append end) read under the append lock."""
+        with _Flock(self.lock_fd):
+            head, end = self._read_commit()[:2]
+        return head, end
+
+    def total_fsyncs(self):
+        """fsyncs made by every writer of this log so far (commits + rotations)."""
+        with _Flock(self.sync_fd):
+            commits = self._read_commit()[4]
+        with _Flock(self.lock_fd):
+            return commits + self._read_commit()[5]
+
+    # -- segments ------------------------------------------------------------
+    def segment_fd(self, number):
+        fd = self._segments.get(number)
+        if fd is None:
+            fd = _open_rw(os.path.join(self.logdir, segment_name(number)), create=False)
+            self._segments[number] = fd
+        return fd
+
+    def forget_segment(self, number):
+        fd = self._segments.pop(number, None)
+        if fd is not None:
+            os.close(fd)
+
+    def _create_segment(self, number):
+        path = os.path.join(self.logdir, segment_name(number))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        _share(fd)
+        header = segment_header(number)
+        os.pwrite(fd, header, 0)
+        os.fsync(fd)
+        fsync_dir(self.logdir)
+        self._segments[number] = fd
+        return fd
+
+    def _fsync(self, fd):
+        os.fsync(fd)
+        self.fsyncs += 1
+
+    # -- appending -------------------------------------------------------------
+    def append(self, data, durable=False):
+        """Write one or more framed records; their (segment, offset) start.
+
+        With durable=True the call returns only once they are on disk."""
+        with _Flock(self.lock_fd):
+            head, end = self._read_commit()[:2]
+            if head == 0:
+                head = max(list_segments(self.logdir) or [0]) + 1
+                self._create_segment(head)
+                end = HEADER_SIZE
+            elif end + len(data) > self.segment_limit and end > HEADER_SIZE:
+                self._fsync(self.segment_fd(head))
+                self._write_rotations(self._read_commit()[5] + 1)
+                head += 1
+                self._create_segment(head)
+                end = HEADER_SIZE
+            fd = self.segment_fd(head)
+            if os.fstat(fd).st_size != end:
+                os.ftruncate(fd, end)        # a dead appender's partial record
+            _pwrite_all(fd, data, end)
+            start, end = end, end + len(data)
+            self._write_head(head, end)
+        if durable:
+            self.sync_to(head, end)
+        return head, start
+
+    def sync_to(self, seg, end):
+        """Make everything up to (seg, end) durable, sharing fsyncs with other writers.
+
+        Returns True when this call made an fsync, False when it was already covered."""
+        with _Flock(self.sync_fd):
+            c = self._read_commit()
+            synced_seg, synced_end, count = c[2], c[3], c[4]
+            if (synced_seg, synced_end) >= (seg, end):
+                return False
+            with _Flock(self.lock_fd):
+                head, head_end = self._read_commit()[:2]
+            if head == 0:
+                return False                 # nothing was ever appended
+            if head > seg:
+                # rotation fsync'd our segment; the new head's header is durable too
+                self._write_synced(head, HEADER_SIZE, count)
+                return False
+            self._fsync(self.segment_fd(head))
+            self._write_synced(head, head_end, count + 1)
+            return True
+
+    def sync_all(self):
+        """fsync the head up to its current end (qmail-send's checkpoints)."""
+        head, end = self.head()
+        if head:
+            self.sync_to(head, end)
+        return head, end
+
+    def reset_end(self, head, end):
+        """Recovery: the head really ends at `end` (caller holds the append lock)."""
+        fd = self.segment_fd(head)
+        if os.fstat(fd).st_size != end:
+            os.ftruncate(fd, end)
+        self._write_head(head, end)
+
+    def locked(self):
+        """Context manager holding the append lock (recovery, conversion)."""
+        return _Flock(self.lock_fd)
+
+
+def _pwrite_all(fd, data, offset):
+    view = memoryview(data)
+    while view:
+        done = os.pwrite(fd, view, offset)
+        if done <= 0:
+            raise OSError(errno.EIO, "short write")
+        view = view[done:]
+        offset += done
+
+
+class _Flock:
+    __slots__ = ("fd",)
+
+    def __init__(self, fd):
+        self.fd = fd
+
+    def __enter__(self):
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        return False

@@ -1,0 +1,242 @@
+"""Moving a stopped queue between the directory and the log backend (qmailctl convert).
+
+Bodies stay where they are (mess/ is the same in both backends); only envelopes
+and S5 state move. The order is always: write the target, make it durable,
+read it back and compare it with the source (every message, sender, recipient,
+DONE mark and bounce note), and only then remove the source. A conversion that
+fails verification removes nothing of the source and exits non-zero.
+
+The queue must be stopped: the caller holds lock/sendmutex for the whole run.
+"""
+import os
+
+from qmailpy import envelope, states
+from qmailpy.backends import logrecords as R
+from qmailpy.backends.logcommit import LOG_DIR, LogWriter, list_segments, segment_name
+from qmailpy.backends.logqueue import CHECKPOINT, LogQueue
+from qmailpy.layout import SPLIT, is_number
+
+
+class ConvertError(Exception):
+    pass
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _numbers(d):
+    try:
+        return [int(x) for x in os.listdir(d) if is_number(x)]
+    except FileNotFoundError:
+        return []
+
+
+def _rel(kind, n):
+    return "%s/%d/%d" % (kind, n % SPLIT, n)
+
+
+# --- one normal form for both backends --------------------------------------------
+
+def dir_messages(queue):
+    """{n: (state, sender, {channel: [(done, addr)]}, notes, extra)} of a directory queue."""
+    out = {}
+    for n in _numbers(os.path.join(queue, "todo")):
+        todo = envelope.parse_todo(_read(os.path.join(queue, "todo", str(n))))
+        out[n] = (states.S4, todo.sender, {"todo": [(False, r) for r in todo.recipients]}, b"",
+                  (todo.uid, todo.pid))
+    for s in range(SPLIT):
+        for n in _numbers(os.path.join(queue, "info", str(s))):
+            if n in out:
+                continue                            # todo wins: preprocessing is redone
+            path = os.path.join(queue, _rel("info", n))
+            sender = envelope.parse_info(_read(path))
+            chans = {}
+            for c in R.CHANNELS:
+                try:
+                    data = _read(os.path.join(queue, _rel(c, n)))
+                except FileNotFoundError:
+                    continue
+                chans[c] = [(r.done, r.address) for r in envelope.parse_channel(data)]
+            try:
+                notes = _read(os.path.join(queue, "bounce", str(n)))
+            except FileNotFoundError:
+                notes = b""
+            out[n] = (states.S5, sender, chans, notes, None)
+    return out
+
+
+def log_messages(lq):
+    out = {}
+    for n, m in lq.latest_states().items():
+        rec = m["rec"]
+        if m["state"] == states.S4:
+            out[n] = (states.S4, rec.sender, {"todo": [(False, r) for r in rec.recipients]}, b"",
+                      (rec.uid, rec.qp))
+            continue
+        chans = {}
+        for c, (_, rcpts) in rec.channels.items():
+            chans[c] = [(done or (c, i) in m["done"], a) for i, (done, a) in enumerate(rcpts)]
+        out[n] = (states.S5, rec.sender, chans, m["notes"], None)
+    return out
+
+
+def _same(a, b):
+    """Messages of a that are missing or different in b (by number)."""
+    return sorted(n for n in a if a[n][:4] != (b.get(n) or (None,))[:4])
+
+
+# --- progress ----------------------------------------------------------------------
+
+class Progress:
+    def __init__(self, total, label, stream, width=30):
+        self.total, self.label, self.stream, self.width = total, label, stream, width
+        self.done = 0
+
+    def step(self, k=1):
+        self.done += k
+        if self.stream is None:
+            return
+        if self.done == self.total or self.done % 97 == 0:
+            frac = self.done / self.total if self.total else 1
+            bar = "#" * int(frac * self.width)
+            self.stream.write("\r%s [%-*s] %d/%d" % (self.label, self.width, bar, self.done, self.total))
+            self.stream.flush()
+
+    def end(self):
+        if self.stream is not None:
+            if not self.total:
+                self.stream.write("%s: nothing to do" % self.label)
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# --- dir -> log ---------------------------------------------------------------------
+
+def dir_to_log(home, progress=None):
+    queue = os.path.join(home, "queue")
+    source = dir_messages(queue)
+    bar = Progress(len(source), "converting to log", progress)
+    writer = LogWriter(os.path.join(queue, LOG_DIR))
+    try:
+        for n in sorted(source):
+            state, sender, chans, notes, extra = source[n]
+            if state == states.S4:
+                uid, pid = extra
+                mtime = int(os.stat(os.path.join(queue, "todo", str(n))).st_mtime)
+                writer.append(R.encode_envelope(mtime, n, uid, pid, sender,
+                                                [a for _, a in chans["todo"]]))
+            else:
+                birth = int(os.stat(os.path.join(queue, _rel("info", n))).st_mtime)
+                size = _size(queue, n)
+                channels = {}
+                for c, rcpts in chans.items():
+                    due = int(os.stat(os.path.join(queue, _rel(c, n))).st_mtime)
+                    channels[c] = (due, rcpts)
+                writer.append(R.encode_snapshot(R.PREPROCESSED, birth, n, R.NOWHERE, birth, 0, 0, size,
+                                                sender, notes, (), channels))
+            bar.step()
+        writer.sync_all()
+    finally:
+        writer.close()
+        bar.end()
+    lq = LogQueue(home)
+    lq.recover()                      # counts, runner positions, a checkpoint
+    _own_like(os.path.join(queue, LOG_DIR), os.path.join(queue, "info"))
+    target = log_messages(lq)
+    lq.close()
+    bad = _same(source, target)
+    if bad:
+        raise ConvertError("verification failed for %d messages (first: %d); the directory queue is untouched"
+                           % (len(bad), bad[0]))
+    for n, (state, *_rest) in source.items():
+        kinds = ["todo/%d" % n, "intd/%d" % n, _rel("info", n), _rel("local", n),
+                 _rel("remote", n), "bounce/%d" % n]
+        for rel in kinds:
+            try:
+                os.unlink(os.path.join(queue, rel))
+            except FileNotFoundError:
+                pass
+    return len(source)
+
+
+def _size(queue, n):
+    try:
+        return os.stat(os.path.join(queue, _rel("mess", n))).st_size
+    except OSError:
+        return 0
+
+
+# --- log -> dir ---------------------------------------------------------------------
+
+def _own_like(path, model):
+    """Run as root: give path (and a directory's files) model's owner and group."""
+    if os.geteuid() != 0:
+        return
+    st = os.stat(model)
+    paths = [path]
+    if os.path.isdir(path):
+        paths += [os.path.join(path, x) for x in os.listdir(path)]
+    for p in paths:
+        os.chown(p, st.st_uid, st.st_gid)
+
+
+def _write_file(path, data, mtime=None, mode=0o600):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _own_like(path, os.path.dirname(path))
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+
+
+def log_to_dir(home, progress=None):
+    queue = os.path.join(home, "queue")
+    lq = LogQueue(home)
+    lq.recover()                      # reconciles half-finished passes first
+    latest = lq.latest_states()
+    source = log_messages(lq)
+    bar = Progress(len(latest), "converting to dir", progress)
+    try:
+        for n in sorted(latest):
+            m = latest[n]
+            rec = m["rec"]
+            if m["state"] == states.S4:
+                data = envelope.todo_bytes(rec.uid, rec.qp, rec.sender, rec.recipients)
+                intd = os.path.join(queue, "intd", str(n))
+                _write_file(intd, data, rec.time, mode=0o644)
+                os.link(intd, os.path.join(queue, "todo", str(n)))
+            else:
+                for c, (due, _) in rec.channels.items():
+                    recs = source[n][2][c]
+                    _write_file(os.path.join(queue, _rel(c, n)),
+                                b"".join((b"D" if d else b"T") + a + b"\0" for d, a in recs), due)
+                if m["notes"]:
+                    _write_file(os.path.join(queue, "bounce", str(n)), m["notes"])
+                _write_file(os.path.join(queue, _rel("info", n)), envelope.info_bytes(rec.sender),
+                            rec.birth)
+            bar.step()
+    finally:
+        bar.end()
+    target = dir_messages(queue)
+    bad = _same(source, target)
+    if bad:
+        lq.close()
+        raise ConvertError("verification failed for %d messages (first: %d); the log is untouched"
+                           % (len(bad), bad[0]))
+    lq.close()
+    logdir = os.path.join(queue, LOG_DIR)
+    for seg in list_segments(logdir):
+        os.unlink(os.path.join(logdir, segment_name(seg)))
+    for name in (CHECKPOINT, "commit"):
+        try:
+            os.unlink(os.path.join(logdir, name))
+        except FileNotFoundError:
+            pass
+    return len(source)

@@ -1,0 +1,29 @@
+"""queue-layout/log-records.conf, the code and the shared state table say the same thing."""
+import os
+
+from qmailpy import states
+from qmailpy.backends import logrecords as R
+
+CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                    "queue-layout", "log-records.conf")
+
+
+def _lines(kind):
+    with open(CONF) as f:
+        return [line.split() for line in f if line.split()[:1] == [kind]]
+
+
+def test_record_codes_names_and_moves_agree():
+    rows = _lines("record")
+    assert {int(r[1]): r[2] for r in rows} == R.TYPE_NAMES
+    for _, _, name, move, fsync, *_ in rows:
+        assert tuple(move.split(">")) == states.RECORD_TRANSITIONS[name]
+        assert fsync == ("yes" if name in ("ENVELOPE", "DELIVERY") else "no")
+
+
+def test_header_and_frame_sizes_agree():
+    assert sum(int(r[2]) for r in _lines("header")) == R.HEADER_SIZE
+    assert sum(int(r[2]) for r in _lines("frame")) == R.RECORD_HEADER_SIZE
+    frame = _lines("frame")
+    names = [r[1] for r in frame]
+    assert sum(int(r[2]) for r in frame[:names.index("flags")]) == R.FLAGS_OFFSET
