@@ -15,6 +15,11 @@ class QueueError(Exception):
     """A queue operation failed; the caller logs str(self) and retries later."""
 
 
+# Scheduled.channel for an entry the startup scan could not read (a stat error
+# other than ENOENT): at `due` the caller asks backend.recheck(n) again.
+RECHECK = "recheck"
+
+
 class Scheduled:
     """Work found at startup: channel 'local'/'remote' due at `due`, or channel None = completion."""
     __slots__ = ("n", "channel", "due")
@@ -99,6 +104,18 @@ class QueueBackend(ABC):
     @abstractmethod
     def channels_left(self, n):
         """Channel names of message n that still exist."""
+
+    def channel_file(self, n, channel):
+        """How log lines name a channel of message n ("local/5/457" in qmail's layout)."""
+        return "%s/%d/%d" % (channel, n % 23, n)
+
+    def completion_due(self, n):
+        """True when message n is ready for completion (no channel left, nothing to redo)."""
+        return not self.channels_left(n)
+
+    def recheck(self, n):
+        """Scheduled entries for one message whose startup scan failed (RECHECK entries)."""
+        return []
 
     # -- qmail-send: completion -------------------------------------------
     @abstractmethod

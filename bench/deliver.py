@@ -1,0 +1,145 @@
+"""End-to-end local delivery: N messages injected as fast as possible, time until
+all are in Maildir/new.
+
+    .venv/bin/python bench/deliver.py [-n 2000] [--injectors 4] [--size 2000]
+
+Builds a throw-away home (`qmailctl init`), one user with ~/Maildir/ in
+users/assign, starts the real daemons with `qmail-start ./Maildir/`, and
+injects through qmail-queue (qmailpy.queueclient, as qmail-inject does) from
+several injector processes. Each message carries `X-Bench: i`; arrivals in
+Maildir/new are watched with inotify. Prints messages/s (first injection to
+last arrival) and the median and 95th percentile injection-to-delivery latency.
+Run as root, every daemon runs as `nobody`; otherwise as the invoking user.
+"""
+import argparse
+import multiprocessing
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from inotify_simple import INotify, flags
+
+
+def make_home(base, user):
+    home = os.path.join(base, "home")
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    subprocess.run(["qmailctl", "init", "--home", home, "--me", "bench.example", "--user", user],
+                   env=env, check=True, capture_output=True)
+    pw = pwd.getpwnam(user)
+    userhome = os.path.join(base, "bench")
+    for path in (userhome, userhome + "/Maildir", userhome + "/Maildir/new",
+                 userhome + "/Maildir/cur", userhome + "/Maildir/tmp"):
+        os.mkdir(path, 0o700)
+        if os.geteuid() == 0:
+            os.chown(path, pw.pw_uid, pw.pw_gid)
+    with open(os.path.join(home, "users", "assign"), "w") as f:
+        f.write("=bench:%s:%d:%d:%s:::\n.\n" % (user, pw.pw_uid, pw.pw_gid, userhome))
+    env["QMAILHOME"] = home
+    return home, userhome + "/Maildir", env
+
+
+def inject(args):
+    home, first, count, size, out = args
+    from qmailpy.queueclient import QueueClient
+    body = b"x" * max(0, size - 60) + b"\n"
+    times = []
+    for i in range(first, first + count):
+        msg = b"X-Bench: %d\nSubject: bench\n\n" % i + body
+        t = time.time()
+        qq = QueueClient(home)
+        qq.write(msg)
+        result = qq.finish(b"sender@bench.example", [b"bench@bench.example"])
+        if not result.ok:
+            raise SystemExit("qmail-queue failed: %r" % result)
+        times.append((i, t))
+    with open(out, "w") as f:
+        f.write("".join("%d %.6f\n" % it for it in times))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-n", type=int, default=2000, help="messages (default 2000)")
+    parser.add_argument("--injectors", type=int, default=4, help="parallel injectors (default 4)")
+    parser.add_argument("--size", type=int, default=2000, help="message size in bytes (default 2000)")
+    parser.add_argument("--prefill", action="store_true",
+                        help="queue everything first, then start the daemons: delivery speed alone")
+    args = parser.parse_args()
+    user = "nobody" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+    base = tempfile.mkdtemp(prefix="qmailpy-bench-")
+    os.chmod(base, 0o755)
+    send = None
+    try:
+        home, maildir, env = make_home(base, user)
+        def start_daemons():
+            log = open(os.path.join(base, "send.log"), "wb")
+            proc = subprocess.Popen(["qmail-start", "./Maildir/"], stdout=log, stderr=log, env=env,
+                                    cwd="/", start_new_session=True)
+            deadline = time.time() + 30
+            while b"status:" not in open(os.path.join(base, "send.log"), "rb").read():
+                if time.time() > deadline or proc.poll() is not None:
+                    raise SystemExit("qmail-send did not start")
+                time.sleep(0.01)
+            return proc
+        if not args.prefill:
+            send = start_daemons()
+        new = os.path.join(maildir, "new")
+        ino = INotify()
+        ino.add_watch(new, flags.CREATE | flags.MOVED_TO)
+        per = [args.n // args.injectors + (1 if k < args.n % args.injectors else 0)
+               for k in range(args.injectors)]
+        jobs, first = [], 0
+        for k, count in enumerate(per):
+            jobs.append((home, first, count, args.size, os.path.join(base, "inject.%d" % k)))
+            first += count
+        os.environ["QMAILHOME"] = home
+        arrivals = {}
+        start = time.time()
+        pool = multiprocessing.Pool(args.injectors)
+        pending = pool.map_async(inject, jobs)
+        if args.prefill:
+            pending.get(timeout=600)
+            injected_at = time.time()
+            print("injection alone: %.1f messages/s" % (args.n / (injected_at - start)))
+            start = time.time()
+            send = start_daemons()
+        deadline = time.time() + max(120, args.n / 5)
+        while len(arrivals) < args.n and time.time() < deadline:
+            for event in ino.read(timeout=1000):
+                arrivals.setdefault(event.name, time.time())
+        pending.get(timeout=60)
+        pool.close()
+        injected = {}
+        for job in jobs:
+            with open(job[4]) as f:
+                for line in f:
+                    i, t = line.split()
+                    injected[int(i)] = float(t)
+        latencies = []
+        for name, t in arrivals.items():
+            with open(os.path.join(new, name), "rb") as f:
+                head = f.read(4096)
+            i = int(head.split(b"X-Bench: ", 1)[1].split(b"\n", 1)[0])
+            latencies.append(t - (start if args.prefill else injected[i]))
+        end = max(arrivals.values()) if arrivals else time.time()
+        latencies.sort()
+        print("messages: %d injected, %d delivered to Maildir/new" % (len(injected), len(arrivals)))
+        print("injectors: %d, size: %d bytes, user: %s" % (args.injectors, args.size, user))
+        print("throughput: %.1f messages/s end to end (%.2f s)" % (len(arrivals) / (end - start), end - start))
+        if latencies:
+            print("latency injection->Maildir/new: median %.1f ms, p95 %.1f ms" % (
+                latencies[len(latencies) // 2] * 1000, latencies[int(len(latencies) * 0.95)] * 1000))
+        return 0 if len(arrivals) == args.n else 1
+    finally:
+        if send is not None and send.poll() is None:
+            send.send_signal(signal.SIGTERM)
+            send.wait(timeout=60)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,486 @@
+"""The directory queue backend: qmail's own layout, byte for byte (spec §1–§3).
+
+Every file name, record and order of operations here is qmail's, so a queue
+written by this backend can be run by C qmail and the other way round. The
+texts of QueueError are qmail-send's warning texts (without "warning: "),
+naming the file relative to the queue directory.
+
+State lives in the files: no per-message memory is kept here. todo/, intd/
+and mess/ are only ever unlinked by qmail-clean, through the `cleaner`
+(an object with request(name) -> reply byte; see qmailpy.clean.CleanClient).
+"""
+import errno
+import os
+import time
+
+from qmailpy import envelope
+from qmailpy.backends.base import RECHECK, Preprocessed, QueueBackend, QueueError, Scheduled
+from qmailpy.layout import SPLIT, is_number
+
+CHANNELS = ("local", "remote")
+SLEEP_SYSFAIL = 123
+OSSIFIED = 129600
+
+
+def parse_channel_records(data):
+    """ChannelRecords of a local/remote file, read as qmail-send's pass reads them.
+
+    A torn last record (no NUL) is the end of the file. A record with an
+    unknown letter ends the list with a ChannelRecord whose address is None:
+    the pass stops there and logs "unknown record type" (spec §6.8)."""
+    records = []
+    pos = 0
+    while True:
+        end = data.find(b"\0", pos)
+        if end < 0:
+            return records
+        kind = data[pos]
+        if kind == 0x54 or kind == 0x44:          # T, D
+            records.append(envelope.ChannelRecord(pos, kind == 0x44, data[pos + 1:end]))
+        else:
+            records.append(envelope.ChannelRecord(pos, False, None))
+            return records
+        pos = end + 1
+
+
+def _now():
+    return int(time.time())
+
+
+class DirQueue(QueueBackend):
+    name = "dir"
+
+    def __init__(self, home, cleaner=None, log=None):
+        self.home = home
+        self.queue = os.path.join(home, "queue")
+        self.cleaner = cleaner
+        self._log = log
+        if cleaner is not None and hasattr(cleaner, "send_async"):
+            cleaner.on_late_reply = self._late_clean_reply
+
+    # -- helpers -----------------------------------------------------------
+    def _path(self, rel):
+        return self.queue + "/" + rel
+
+    @staticmethod
+    def _rel(kind, n):
+        if kind in ("todo", "intd", "bounce", "foop"):
+            return "%s/%d" % (kind, n)
+        return "%s/%d/%d" % (kind, n % SPLIT, n)
+
+    def _warn(self, text):
+        if self._log is not None:
+            self._log(b"warning: " + text.encode("utf-8", "surrogateescape") + b"\n")
+
+    def _late_clean_reply(self, name, reply):
+        if reply != b"+":
+            self._warn("qmail-clean unable to clean up %s" % name)
+
+    def _clean(self, rel):
+        if self.cleaner is None:
+            raise QueueError("qmail-clean unable to clean up %s" % rel)
+        return self.cleaner.request(rel)
+
+    def _exists(self, rel):
+        """True/False; QueueError for stat errors other than ENOENT."""
+        try:
+            os.stat(self._path(rel))
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError:
+            raise QueueError("unable to stat %s; will try again later" % rel)
+
+    # -- startup and new work ------------------------------------------------
+    def _scan_one(self, n, now):
+        """Scheduled entries for one info/ entry (qmail's pqadd)."""
+        try:
+            os.stat(self._path(self._rel("info", n)))
+        except FileNotFoundError:
+            return []
+        except OSError:
+            return self._scan_failed(n, "info", now)
+        try:
+            os.stat(self._path(self._rel("todo", n)))
+            return []                       # preprocessing was interrupted; todo redoes it
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return self._scan_failed(n, "todo", now)
+        found = []
+        for c in CHANNELS:
+            try:
+                st = os.stat(self._path(self._rel(c, n)))
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return self._scan_failed(n, c, now)
+            found.append(Scheduled(n, c, int(st.st_mtime)))
+        if not found:
+            found.append(Scheduled(n, None, now))
+        return found
+
+    def _scan_failed(self, n, kind, now):
+        self._warn("unable to stat %s; will try again later" % self._rel(kind, n))
+        return [Scheduled(n, RECHECK, now + SLEEP_SYSFAIL)]
+
+    def startup(self):
+        now = _now()
+        for s in range(SPLIT):
+            try:
+                names = os.listdir("%s/info/%d" % (self.queue, s))
+            except OSError:
+                continue
+            for name in names:
+                if is_number(name):
+                    yield from self._scan_one(int(name), now)
+
+    def recheck(self, n):
+        return self._scan_one(n, _now())
+
+    def new_work(self):
+        try:
+            names = os.listdir(self._path("todo"))
+        except OSError as e:
+            raise QueueError("unable to opendir todo: %s" % e.strerror)
+        return [int(name) for name in names if is_number(name)]
+
+    def preprocess(self, n, route):
+        prepared = self._prepare(n, route)
+        self._commit(prepared)
+        return self._clean_todo(prepared)
+
+    def preprocess_batch(self, numbers, route):
+        """preprocess() for several messages at once: [(n, Preprocessed or QueueError)].
+
+        Every file is written first and fsync'd afterwards, so one journal commit
+        covers them all; then the todo/ requests go to qmail-clean in one write.
+        Each message still has its info and channel files on disk before its todo
+        entry goes (spec §2.2). CleanerLost propagates."""
+        results = []
+        ready = []
+        for n in numbers:
+            try:
+                ready.append(self._prepare(n, route))
+            except QueueError as e:
+                results.append((n, e))
+        committed = []
+        for prepared in ready:
+            try:
+                self._commit(prepared)
+                committed.append(prepared)
+            except QueueError as e:
+                results.append((prepared[0].n, e))
+        if committed:
+            names = [self._rel("todo", p[0].n) for p in committed]
+            if self.cleaner is None:
+                replies = [b"!"] * len(names)
+            elif hasattr(self.cleaner, "request_many"):
+                replies = self.cleaner.request_many(names)
+            else:
+                replies = [self.cleaner.request(name) for name in names]
+            for prepared, name, reply in zip(committed, names, replies):
+                if reply == b"+":
+                    results.append((prepared[0].n, prepared[0]))
+                else:
+                    results.append((prepared[0].n, QueueError("qmail-clean unable to clean up %s" % name)))
+        return results
+
+    def _clean_todo(self, prepared):
+        todo_rel = self._rel("todo", prepared[0].n)
+        if self._clean(todo_rel) != b"+":
+            raise QueueError("qmail-clean unable to clean up %s" % todo_rel)
+        return prepared[0]
+
+    def _commit(self, prepared):
+        """fsync and close the files _prepare wrote: info first, then each channel file."""
+        result, fds = prepared
+        try:
+            for kind in ("info",) + CHANNELS:
+                if kind in fds:
+                    rel = self._rel(kind, result.n)
+                    try:
+                        os.fsync(fds[kind])
+                    except OSError:
+                        raise QueueError("trouble fsyncing %s" % rel)
+                    if kind == "info":
+                        result.birth = int(os.fstat(fds[kind]).st_mtime)
+                    os.close(fds.pop(kind))
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+            fds.clear()
+
+    def _create_info(self, n, info_rel):
+        """info/S/n created O_EXCL, after removing what an interrupted attempt left.
+
+        qmail unlinks local, remote and info before creating info. Channel files are
+        created after info and removed before it, so when info does not exist
+        neither do they: the unlinks are needed only when the first try finds info."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        try:
+            return os.open(self._path(info_rel), flags, 0o600)
+        except FileExistsError:
+            pass
+        for kind in ("local", "remote", "info"):
+            rel = self._rel(kind, n)
+            try:
+                os.unlink(self._path(rel))
+            except FileNotFoundError:
+                pass
+            except OSError:
+                raise QueueError("unable to unlink %s" % rel)
+        return os.open(self._path(info_rel), flags, 0o600)
+
+    def _prepare(self, n, route):
+        """Steps of preprocessing up to (not including) the fsyncs: (Preprocessed, open fds)."""
+        todo_rel = self._rel("todo", n)
+        info_rel = self._rel("info", n)
+        try:
+            fd = os.open(self._path(todo_rel), os.O_RDONLY)
+        except OSError:
+            raise QueueError("unable to open %s" % todo_rel)
+        try:
+            data = b""
+            try:
+                while True:
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        break
+                    data += chunk
+            except OSError:
+                raise QueueError("trouble reading %s" % todo_rel)
+        finally:
+            os.close(fd)
+        mess_rel = self._rel("mess", n)
+        try:
+            size = os.stat(self._path(mess_rel)).st_size
+        except OSError:
+            raise QueueError("unable to stat %s" % mess_rel)
+        fds = {}
+        try:
+            try:
+                fds["info"] = self._create_info(n, info_rel)
+            except OSError:
+                raise QueueError("unable to create %s" % info_rel)
+            uid = pid = 0
+            sender = None
+            info_data = bytearray()
+            chan_data = {}
+            for record in data.split(b"\0")[:-1]:
+                kind = record[:1]
+                if kind == b"u":
+                    uid = envelope._decimal(record[1:])
+                elif kind == b"p":
+                    pid = envelope._decimal(record[1:])
+                elif kind == b"F":
+                    sender = record[1:]
+                    info_data += record + b"\0"
+                elif kind == b"T":
+                    channel, address = route(record[1:])
+                    if channel not in chan_data:
+                        rel = self._rel(channel, n)
+                        try:
+                            fds[channel] = os.open(self._path(rel),
+                                                   os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                        except OSError:
+                            raise QueueError("unable to create %s" % rel)
+                        chan_data[channel] = bytearray()
+                    chan_data[channel] += b"T" + address + b"\0"
+                else:
+                    raise QueueError("unknown record type in %s" % todo_rel)
+            self._write_all(fds["info"], info_data, info_rel)
+            for channel in CHANNELS:
+                if channel in chan_data:
+                    self._write_all(fds[channel], chan_data[channel], self._rel(channel, n))
+        except BaseException:
+            for fd in fds.values():
+                os.close(fd)
+            raise
+        channels = tuple(c for c in CHANNELS if c in chan_data)
+        return Preprocessed(n, sender, size, pid, uid, None, channels), fds
+
+    @staticmethod
+    def _write_all(fd, data, rel):
+        try:
+            view = memoryview(bytes(data))
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError:
+            raise QueueError("trouble writing to %s" % rel)
+
+    # -- deliveries ----------------------------------------------------------
+    def message_path(self, n):
+        return "%d/%d" % (n % SPLIT, n)
+
+    def info(self, n):
+        rel = self._rel("info", n)
+        try:
+            fd = os.open(self._path(rel), os.O_RDONLY)
+        except OSError:
+            raise QueueError("unable to open %s" % rel)
+        try:
+            birth = int(os.fstat(fd).st_mtime)
+            data = os.read(fd, 4096)
+            while data.find(b"\0") < 0:
+                more = os.read(fd, 65536)
+                if not more:
+                    break
+                data += more
+        except OSError:
+            raise QueueError("trouble reading %s" % rel)
+        finally:
+            os.close(fd)
+        end = data.find(b"\0")
+        if end < 0 or not data.startswith(b"F"):
+            raise QueueError("trouble reading %s" % rel)
+        return data[1:end], birth
+
+    def channel_file(self, n, channel):
+        """The channel file's name relative to the queue, for log lines."""
+        return self._rel(channel, n)
+
+    def recipients(self, n, channel):
+        rel = self._rel(channel, n)
+        try:
+            with open(self._path(rel), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise QueueError("trouble opening %s; will try again later" % rel)
+        except OSError:
+            raise QueueError("trouble reading %s; will try again later" % rel)
+        return parse_channel_records(data)
+
+    def mark_done(self, n, channel, record):
+        rel = self._rel(channel, n)
+        try:
+            fd = os.open(self._path(rel), os.O_WRONLY)
+        except OSError:
+            raise QueueError("trouble marking %s; message will be delivered twice!" % rel)
+        try:
+            if os.pwrite(fd, b"D", record.offset) != 1:
+                raise OSError(errno.EIO, "short write")
+        except OSError:
+            raise QueueError("trouble marking %s; message will be delivered twice!" % rel)
+        finally:
+            os.close(fd)
+        record.done = True
+
+    def add_bounce_note(self, n, note):
+        rel = self._rel("bounce", n)
+        try:
+            fd = os.open(self._path(rel), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        except OSError:
+            raise QueueError("unable to append to bounce message")
+        try:
+            view = memoryview(note)
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError:
+            raise QueueError("unable to append to bounce message")
+        finally:
+            os.close(fd)
+
+    def finish_channel(self, n, channel):
+        rel = self._rel(channel, n)
+        try:
+            os.unlink(self._path(rel))
+        except OSError:
+            raise QueueError("unable to unlink %s; will try again later" % rel)
+
+    def reschedule(self, n, channel, when):
+        # qmail keeps the schedule in memory and writes it at exit; writing it
+        # now as well means a crash does not make deferred mail due at once.
+        self._utime(self._rel(channel, n), when)
+
+    def _utime(self, rel, when):
+        try:
+            os.utime(self._path(rel), (when, when))
+        except FileNotFoundError:
+            pass
+        except OSError:
+            raise QueueError("unable to utime %s; message will be retried too soon" % rel)
+
+    def channels_left(self, n):
+        return [c for c in CHANNELS if self._exists(self._rel(c, n))]
+
+    def completion_due(self, n):
+        if self.channels_left(n):
+            return False                    # "false alarm"
+        if self._exists(self._rel("todo", n)):
+            return False                    # will be preprocessed again
+        return self._exists(self._rel("info", n))
+
+    # -- completion ----------------------------------------------------------
+    def bounce_notes(self, n):
+        rel = self._rel("bounce", n)
+        try:
+            with open(self._path(rel), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError:
+            raise QueueError("unable to stat %s" % rel)
+
+    def drop_bounce_notes(self, n):
+        rel = self._rel("bounce", n)
+        try:
+            os.unlink(self._path(rel))
+        except FileNotFoundError:
+            pass
+        except OSError:
+            raise QueueError("unable to unlink %s" % rel)
+
+    def complete(self, n):
+        rel = self._rel("info", n)
+        try:
+            os.unlink(self._path(rel))
+        except FileNotFoundError:
+            pass
+        except OSError:
+            raise QueueError("unable to unlink %s; will try again later" % rel)
+        foop = self._rel("foop", n)
+        if self.cleaner is not None and hasattr(self.cleaner, "send_async"):
+            # the reply only ever produces a warning: read it later, do not wait
+            self.cleaner.send_async(foop)
+        elif self._clean(foop) != b"+":
+            self._warn("qmail-clean unable to clean up %s" % foop)
+
+    def save_schedule(self, entries):
+        for n, channel, when in entries:
+            try:
+                self._utime(self._rel(channel, n), int(when))
+            except QueueError as e:
+                self._warn(str(e))
+
+    def stale_messages(self, now):
+        for s in range(SPLIT):
+            try:
+                names = os.listdir("%s/mess/%d" % (self.queue, s))
+            except OSError:
+                continue
+            for name in names:
+                if not is_number(name):
+                    continue
+                n = int(name)
+                try:
+                    st = os.stat(self._path(self._rel("mess", n)))
+                except OSError:
+                    continue
+                if now <= st.st_atime + OSSIFIED:
+                    continue
+                try:
+                    if self._exists(self._rel("info", n)) or self._exists(self._rel("todo", n)):
+                        continue
+                except QueueError:
+                    continue
+                yield n
+
+    # -- readers -------------------------------------------------------------
+    def list_messages(self):
+        from qmailpy.backends import dirlist
+        return dirlist.list_messages(self.queue)
+
+    def counts(self):
+        from qmailpy.backends import dirlist
+        return dirlist.counts(self.queue)

@@ -1,0 +1,20 @@
+"""qmail-clean: unlink queue files on qmail-send's behalf (spec §7.3)."""
+import os
+import signal
+import sys
+
+
+def main(argv=None):
+    from qmailpy.home import qmail_home
+    from qmailpy.clean import serve
+    try:
+        os.chdir(qmail_home())
+        os.chdir("queue")
+    except OSError:
+        return 111
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    return serve(0, 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

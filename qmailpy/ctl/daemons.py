@@ -1,0 +1,325 @@
+"""qmailctl start | stop | stat | doqueue | reload | queue: run a home's daemons.
+
+start   runs `qmail-start DEFAULTDELIVERY` in the background. qmail-send's log
+        (qmail-start's stdout) goes through a small log writer that prefixes
+        each line with an ISO-8601 UTC timestamp and appends it to
+        HOME/log/qmail-send.log. The pid of qmail-send (qmail-start execs into
+        it) goes to HOME/log/qmail-send.pid. With --smtp HOST:PORT it also
+        runs `qmail-smtpd-listen HOST:PORT`, logging to HOME/log/qmail-smtpd.log.
+stop    SIGTERM to qmail-send (and the SMTP listener), then waits until they
+        and qmail-send's helpers are gone.
+stat    the daemons (psutil) and the queue counts.
+doqueue SIGALRM: every queued message is retried now.
+reload  SIGHUP: qmail-send rereads locals and virtualdomains.
+queue   qmail-qread, then qmail-qstat.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+HELP = "run the daemons of a home (start, stop, stat, doqueue, reload, queue)"
+SEND_LOG = "qmail-send.log"
+SMTPD_LOG = "qmail-smtpd.log"
+SEND_PID = "qmail-send.pid"
+SMTPD_PID = "qmail-smtpd.pid"
+START_TIMEOUT = 15
+STOP_TIMEOUT = 60
+
+
+def add_arguments(parser, name):
+    if name == "start":
+        parser.add_argument("--smtp", metavar="HOST:PORT",
+                            help="also accept SMTP on HOST:PORT (qmail-smtpd-listen)")
+        parser.add_argument("--defaultdelivery", default="./Maildir/",
+                            help="qmail-start's default delivery (default ./Maildir/)")
+    elif name == "stop":
+        parser.add_argument("--timeout", type=float, default=STOP_TIMEOUT,
+                            help="seconds to wait for the daemons to exit")
+
+
+# --- the log writer (runs as its own process) ---------------------------------
+
+def iso_now():
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%06dZ" % int((t % 1) * 1e6)
+
+
+def write_log(path, infd=0):
+    """Copy lines from infd to path, each prefixed with an ISO-8601 UTC timestamp."""
+    out = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    pending = b""
+    while True:
+        try:
+            data = os.read(infd, 65536)
+        except InterruptedError:
+            continue
+        if not data:
+            break
+        lines = (pending + data).split(b"\n")
+        pending = lines.pop()
+        if lines:
+            stamp = iso_now().encode() + b" "
+            os.write(out, b"".join(stamp + line + b"\n" for line in lines))
+    if pending:
+        os.write(out, iso_now().encode() + b" " + pending + b"\n")
+    return 0
+
+
+# --- helpers ------------------------------------------------------------------
+
+def _home(args):
+    from qmailpy.home import qmail_home
+    return os.path.abspath(qmail_home(args.home))
+
+
+def _logdir(home):
+    path = os.path.join(home, "log")
+    os.makedirs(path, mode=0o755, exist_ok=True)
+    return path
+
+
+def _env(home):
+    """The daemons' environment: QMAILHOME, and a PATH on which qmail-start is found."""
+    import shutil
+    env = dict(os.environ)
+    env["QMAILHOME"] = home
+    path = env.get("PATH", "/usr/bin:/bin")
+    if shutil.which("qmail-start", path=path) is None:
+        path = os.path.dirname(sys.executable) + os.pathsep + path
+    env["PATH"] = path
+    return env
+
+
+def _read_pid(home, name):
+    try:
+        with open(os.path.join(home, "log", name)) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _process(pid, needle):
+    """psutil.Process for pid if it is alive and its command line mentions needle."""
+    import psutil
+    if pid is None:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        if any(needle in part for part in proc.cmdline()):
+            return proc
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    return None
+
+
+def running_send(home):
+    return _process(_read_pid(home, SEND_PID), "qmail-send")
+
+
+def running_smtpd(home):
+    return _process(_read_pid(home, SMTPD_PID), "qmail-smtpd-listen")
+
+
+def _spawn_logged(argv, env, logpath, cwd="/"):
+    """Start argv in its own session with stdout/stderr through a log writer; its pid."""
+    log_r, log_w = os.pipe()
+    writer = subprocess.Popen([sys.executable, "-m", "qmailpy.ctl.daemons", "--write-log", logpath],
+                              stdin=log_r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True, env=env, cwd="/")
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_w, stderr=log_w,
+                                start_new_session=True, env=env, cwd=cwd)
+    finally:
+        os.close(log_r)
+        os.close(log_w)
+    return proc, writer
+
+
+def _wait_for_line(path, offset, needle, proc, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                if needle in f.read():
+                    return True
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def _tail(path, offset):
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+# --- subcommands --------------------------------------------------------------
+
+def start(args):
+    home = _home(args)
+    if running_send(home):
+        print("qmailctl: qmail-send is already running in %s" % home, file=sys.stderr)
+        return 1
+    logdir = _logdir(home)
+    env = _env(home)
+    logpath = os.path.join(logdir, SEND_LOG)
+    offset = os.path.getsize(logpath) if os.path.exists(logpath) else 0
+    proc, _ = _spawn_logged(["qmail-start", args.defaultdelivery], env, logpath)
+    with open(os.path.join(logdir, SEND_PID), "w") as f:
+        f.write("%d\n" % proc.pid)
+    if not _wait_for_line(logpath, offset, b"status: local", proc, START_TIMEOUT):
+        print("qmailctl: qmail-send did not start:\n%s" % _tail(logpath, offset), file=sys.stderr)
+        return 1
+    print("qmail-send started (pid %d), log %s" % (proc.pid, logpath))
+    if args.smtp:
+        smtplog = os.path.join(logdir, SMTPD_LOG)
+        sproc, _ = _spawn_logged(["qmail-smtpd-listen", args.smtp], env, smtplog)
+        with open(os.path.join(logdir, SMTPD_PID), "w") as f:
+            f.write("%d\n" % sproc.pid)
+        time.sleep(0.2)
+        if sproc.poll() is not None:
+            print("qmailctl: qmail-smtpd-listen %s exited:\n%s" % (args.smtp, _tail(smtplog, 0)),
+                  file=sys.stderr)
+            return 1
+        print("qmail-smtpd-listen started on %s (pid %d), log %s" % (args.smtp, sproc.pid, smtplog))
+    return 0
+
+
+def _terminate(procs, timeout):
+    import psutil
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    gone, alive = psutil.wait_procs(procs, timeout=timeout)
+    return alive
+
+
+def stop(args):
+    home = _home(args)
+    send = running_send(home)
+    smtpd = running_smtpd(home)
+    if send is None and smtpd is None:
+        print("qmailctl: nothing is running in %s" % home)
+        return 0
+    import psutil
+    procs = []
+    if smtpd is not None:
+        procs.append(smtpd)
+    helpers = []
+    if send is not None:
+        try:
+            helpers = send.children()
+        except psutil.NoSuchProcess:
+            pass
+        procs.append(send)
+    alive = _terminate(procs, args.timeout)
+    if not alive:
+        _, alive = psutil.wait_procs(helpers, timeout=args.timeout)
+    if alive:
+        print("qmailctl: still running after %g s: %s" % (
+            args.timeout, " ".join(str(p.pid) for p in alive)), file=sys.stderr)
+        return 1
+    for name in (SEND_PID, SMTPD_PID):
+        try:
+            os.unlink(os.path.join(home, "log", name))
+        except OSError:
+            pass
+    print("stopped")
+    return 0
+
+
+def _describe(proc):
+    import psutil
+    try:
+        with proc.oneshot():
+            name = os.path.basename(next((p for p in proc.cmdline()[1:2] if "qmail" in p),
+                                         proc.name()))
+            return "%-20s pid %-7d user %-10s up %d s" % (
+                name, proc.pid, proc.username(), time.time() - proc.create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "pid %d (gone)" % proc.pid
+
+
+def stat(args):
+    home = _home(args)
+    send = running_send(home)
+    code = 0
+    if send is None:
+        print("qmail-send: not running")
+        code = 1
+    else:
+        print(_describe(send))
+        for child in send.children():
+            print("  " + _describe(child))
+    smtpd = running_smtpd(home)
+    if smtpd is not None:
+        print(_describe(smtpd))
+    from qmailpy.backends import open_backend
+    try:
+        total, todo = open_backend(home).counts()
+        print("messages in queue: %d" % total)
+        print("messages in queue but not yet preprocessed: %d" % todo)
+    except Exception as e:          # a broken queue must not hide the daemons' state
+        print("qmailctl: unable to count the queue: %s" % e, file=sys.stderr)
+        code = 1
+    return code
+
+
+def _signal(args, signum, what):
+    home = _home(args)
+    send = running_send(home)
+    if send is None:
+        print("qmailctl: qmail-send is not running in %s" % home, file=sys.stderr)
+        return 1
+    send.send_signal(signum)
+    print(what)
+    return 0
+
+
+def queue(args):
+    home = _home(args)
+    env = _env(home)
+    code = 0
+    for prog in ("qmail-qread", "qmail-qstat"):
+        try:
+            code = subprocess.run([prog], env=env).returncode or code
+        except OSError as e:
+            print("qmailctl: cannot run %s: %s" % (prog, e.strerror), file=sys.stderr)
+            code = 1
+    return code
+
+
+def run(args):
+    command = args.command
+    if command == "start":
+        return start(args)
+    if command == "stop":
+        return stop(args)
+    if command == "stat":
+        return stat(args)
+    if command == "doqueue":
+        return _signal(args, signal.SIGALRM, "qmail-send: retrying every queued message now")
+    if command == "reload":
+        return _signal(args, signal.SIGHUP, "qmail-send: rereading locals and virtualdomains")
+    if command == "queue":
+        return queue(args)
+    raise ValueError(command)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--write-log":
+        sys.exit(write_log(sys.argv[2]))
+    sys.exit(2)

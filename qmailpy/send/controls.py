@@ -1,0 +1,49 @@
+"""The control files qmail-send reads (spec §13): once at startup; SIGHUP rereads
+locals and virtualdomains only."""
+from qmailpy.home import ControlError, control_int, control_list, control_me_default, control_value
+from qmailpy.send.rewrite import Rewriter
+
+SPAWN_MAX = 120
+
+
+def _locals(home):
+    lines = control_list(home, "locals")
+    if lines is None:
+        me = control_value(home, "me")
+        if me is None:
+            raise ControlError("neither control/locals nor control/me exists")
+        lines = [me]
+    return lines
+
+
+def _concurrency(home, name, default):
+    return max(0, min(SPAWN_MAX, control_int(home, name, default)))
+
+
+class SendControls:
+    def __init__(self, home):
+        self.home = home
+        self.lifetime = control_int(home, "queuelifetime", 604800)
+        self.concurrency = {"local": _concurrency(home, "concurrencylocal", 10),
+                            "remote": _concurrency(home, "concurrencyremote", 20)}
+        self.envnoathost = control_me_default(home, "envnoathost")
+        self.bouncefrom = control_value(home, "bouncefrom", b"MAILER-DAEMON")
+        self.bouncehost = control_me_default(home, "bouncehost")
+        self.doublebouncehost = control_me_default(home, "doublebouncehost")
+        self.doublebounceto = control_value(home, "doublebounceto", b"postmaster")
+        self.percenthack = control_list(home, "percenthack", [])
+        self.rewriter = Rewriter(self.envnoathost, _locals(home), self.percenthack,
+                                 control_list(home, "virtualdomains", []))
+
+    def reread(self):
+        """SIGHUP: new locals and virtualdomains. Returns None, or the alert text on failure."""
+        try:
+            new_locals = _locals(self.home)
+        except ControlError:
+            return "unable to reread control/locals"
+        try:
+            vdoms = control_list(self.home, "virtualdomains", [])
+        except ControlError:
+            return "unable to reread control/virtualdomains"
+        self.rewriter = Rewriter(self.envnoathost, new_locals, self.percenthack, vdoms)
+        return None

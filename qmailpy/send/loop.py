@@ -1,0 +1,603 @@
+"""qmail-send's main loop (spec §6): todo scans, passes, deliveries, completion.
+
+The loop follows qmail-send's own structure: every iteration computes the
+earliest time something is due, selects on the trigger, the spawners' reply
+pipes, the command pipes (when a command waits) and a signal pipe, and then
+does a little of each kind of work. Log lines are written to fd 0 through
+qmailpy.logline, one os.write per line.
+"""
+import errno
+import fcntl
+import heapq
+import os
+import select
+import signal
+import time
+
+from qmailpy import logline, trigger
+from qmailpy.backends.base import RECHECK, QueueError
+from qmailpy.clean import CleanClient, CleanerLost
+from qmailpy.envelope import bounce_note
+from qmailpy.send import bounce, schedule
+from qmailpy.send.channel import Channel, Delivery, Job
+from qmailpy.spawn import encode_command, verp
+
+SLEEP_TODO = 1500
+SLEEP_FUZZ = 1
+SLEEP_FOREVER = 86400
+SLEEP_CLEANUP = 76431
+SLEEP_SYSFAIL = 123
+SLEEP_PAUSE = 10
+TODO_BATCH = 4          # todo entries preprocessed per loop iteration
+DYING_TEXT = b"I'm not going to try again; this message has been in the queue too long.\n"
+CHANNEL_FDS = (("local", 1, 2), ("remote", 3, 4))
+
+
+class StartError(Exception):
+    """qmail-send cannot start; str() is the alert text after 'cannot start: '."""
+
+
+class QmailSend:
+    def __init__(self, home, log_fd=0, clean_fds=(5, 6), channel_fds=CHANNEL_FDS):
+        self.home = os.path.abspath(home)
+        self.log_fd = log_fd
+        self.clean_fds = clean_fds
+        self.channel_fds = channel_fds
+        self.exitasap = self.runasap = self.readasap = False
+        self.next_delid = 1
+        self.pqdone = []             # (due, n): completion
+        self.pqfail = []             # (due, n): startup scan to redo
+        self.todo = None             # numbers left in the current todo scan
+        self.cleanup = None          # generator of stale messages during a cleanup walk
+        self.cleaner_lost = False
+
+    # -- logging ---------------------------------------------------------------
+    def log(self, line):
+        try:
+            os.write(self.log_fd, line)
+        except OSError:
+            pass
+
+    def warn(self, text):
+        self.log(logline.warning(text))
+
+    def status(self):
+        local, remote = self.channels
+        self.log(logline.status(local.used, local.concurrency, remote.used, remote.concurrency,
+                                self.exitasap))
+
+    # -- startup ----------------------------------------------------------------
+    def start(self):
+        """Everything before the loop (spec §6.1); StartError on failure."""
+        from qmailpy.home import ControlError
+        from qmailpy.send.controls import SendControls
+        try:
+            os.chdir(self.home)
+        except OSError:
+            raise StartError("unable to switch to home directory")
+        try:
+            self.controls = SendControls(self.home)
+            from qmailpy.backends import backend_name
+            backend_name(self.home)
+        except (ControlError, ValueError):
+            raise StartError("unable to read controls")
+        try:
+            os.chdir("queue")
+        except OSError:
+            raise StartError("unable to switch to queue directory")
+        self._signals()
+        os.umask(0o077)
+        try:
+            self.mutex = os.open("lock/sendmutex", os.O_WRONLY)
+        except OSError:
+            raise StartError("unable to open mutex")
+        try:
+            fcntl.flock(self.mutex, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise StartError("qmail-send is already running")
+        self.channels = []
+        for name, cmd_fd, reply_fd in self.channel_fds:
+            while True:
+                try:
+                    greeting = os.read(reply_fd, 1)
+                    break
+                except InterruptedError:
+                    continue
+                except OSError:
+                    greeting = b""
+                    break
+            if not greeting:
+                raise StartError("hath the daemon spawn no fire?")
+            concurrency = min(self.controls.concurrency[name], greeting[0])
+            self.channels.append(Channel(name, cmd_fd, reply_fd, concurrency))
+        self.numjobs = sum(c.concurrency for c in self.channels)
+        self.jobs_open = 0
+        for ch in self.channels:
+            try:
+                os.set_blocking(ch.cmd_fd, False)
+            except OSError:
+                self.spawndied(ch)
+        from qmailpy.backends import open_backend
+        self.cleaner = CleanClient(*self.clean_fds)
+        self.backend = open_backend(self.home, cleaner=self.cleaner, log=self.log)
+        self.by_name = {c.name: c for c in self.channels}
+        for entry in self.backend.startup():
+            self._add_scheduled(entry)
+        self.status()
+        self.now = int(time.time())
+        self.nexttodorun = self.now
+        self.trigger_fd = self._open_trigger(None)
+        self.cleanuptime = self.now
+
+    def _add_scheduled(self, entry):
+        if entry.channel is None:
+            heapq.heappush(self.pqdone, (entry.due, entry.n))
+        elif entry.channel == RECHECK:
+            heapq.heappush(self.pqfail, (entry.due, entry.n))
+        else:
+            self.by_name[entry.channel].schedule(entry.due, entry.n)
+
+    def _signals(self):
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        self.wake_r, wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+
+        def term(signum, frame):
+            self.exitasap = True
+
+        def alrm(signum, frame):
+            self.runasap = True
+
+        def hup(signum, frame):
+            self.readasap = True
+        signal.signal(signal.SIGTERM, term)
+        signal.signal(signal.SIGALRM, alrm)
+        signal.signal(signal.SIGHUP, hup)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+    def _open_trigger(self, fd):
+        try:
+            return trigger.reopen_reader(os.getcwd(), fd)
+        except OSError:
+            return None
+
+    # -- the loop ---------------------------------------------------------------
+    def run(self):
+        """Run until SIGTERM or a lost helper; returns the exit code (0)."""
+        while not self.exitasap or not self.can_exit():
+            self.now = now = int(time.time())
+            if self.runasap:
+                self.runasap = False
+                for ch in self.channels:
+                    ch.run_all_now(now)
+            if self.readasap:
+                self.readasap = False
+                self.reread()
+            wakeup = now + SLEEP_FOREVER
+            rfds = [self.wake_r]
+            wfds = []
+            if self.cleaner.pending and not self.cleaner_lost:
+                rfds.append(self.cleaner.reply_fd)
+            for ch in self.channels:
+                if ch.alive:
+                    rfds.append(ch.reply_fd)
+                    if ch.outbuf:
+                        wfds.append(ch.cmd_fd)
+            wakeup = min(wakeup, self.pass_wakeup())
+            if not self.exitasap:
+                if self.trigger_fd is not None:
+                    rfds.append(self.trigger_fd)
+                wakeup = min(wakeup, 0 if self.todo else self.nexttodorun)
+                wakeup = min(wakeup, 0 if self.cleanup is not None else self.cleanuptime)
+            timeout = 0 if wakeup <= now else wakeup - now + SLEEP_FUZZ
+            try:
+                readable, writable, _ = select.select(rfds, wfds, [], timeout)
+            except InterruptedError:
+                continue
+            except (OSError, ValueError):
+                self.warn("trouble in select")
+                continue
+            self.now = int(time.time())
+            if self.wake_r in readable:
+                self._drain_wake()
+            if self.cleaner.reply_fd in readable:
+                try:
+                    self.cleaner.poll()
+                except CleanerLost:
+                    self.cleandied()
+            self.comm_do(writable)
+            self.del_do(readable)
+            self.todo_do(self.trigger_fd is not None and self.trigger_fd in readable)
+            self.pass_do()
+            self.cleanup_do()
+        self.finish()
+        return 0
+
+    def _drain_wake(self):
+        try:
+            while os.read(self.wake_r, 512):
+                pass
+        except OSError:
+            pass
+
+    def can_exit(self):
+        return all(ch.used == 0 for ch in self.channels if ch.alive)
+
+    def finish(self):
+        if not self.cleaner_lost:
+            try:
+                self.cleaner.drain()
+            except CleanerLost:
+                pass
+        entries = []
+        for ch in self.channels:
+            entries.extend((n, ch.name, due) for due, n in ch.heap)
+        self.backend.save_schedule(entries)
+        self.log(logline.status_exiting())
+
+    def reread(self):
+        alert = self.controls.reread()
+        if alert:
+            self.log(logline.alert(alert))
+
+    def spawndied(self, ch):
+        self.log(logline.alert("oh no! lost spawn connection! dying..."))
+        ch.alive = False
+        self.exitasap = True
+
+    def cleandied(self):
+        if not self.cleaner_lost:
+            self.log(logline.alert("oh no! lost qmail-clean connection! dying..."))
+        self.cleaner_lost = True
+        self.exitasap = True
+
+    # -- command pipes and replies -------------------------------------------
+    def _flush_command(self, ch):
+        try:
+            written = os.write(ch.cmd_fd, ch.outbuf)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            if e.errno == errno.EPIPE:
+                self.spawndied(ch)
+            return
+        ch.outbuf = ch.outbuf[written:]
+
+    def comm_do(self, writable):
+        for ch in self.channels:
+            if ch.alive and ch.outbuf and ch.cmd_fd in writable:
+                self._flush_command(ch)
+
+    def del_do(self, readable):
+        for ch in self.channels:
+            if ch.alive and ch.reply_fd in readable:
+                self.del_dochan(ch)
+
+    def del_dochan(self, ch):
+        try:
+            data = os.read(ch.reply_fd, 4096)
+        except OSError:
+            return
+        if not data:
+            self.spawndied(ch)
+            return
+        for slot, letter, text in ch.reader.feed(data):
+            self.del_result(ch, slot, letter, text)
+
+    def del_result(self, ch, slot, letter, text):
+        dl = ch.slots[slot] if slot < ch.concurrency else None
+        if dl is None:
+            self.warn("internal error: delivery report out of range")
+            return
+        job = dl.job
+        if letter == b"Z" and job.dying:
+            letter, text = b"D", text + DYING_TEXT
+        if letter == b"K":
+            self.log(logline.delivery(dl.d, "success", text))
+            self.mark_done(ch, job, dl.record)
+        elif letter == b"Z":
+            self.log(logline.delivery(dl.d, "deferral", text))
+        elif letter == b"D":
+            self.log(logline.delivery(dl.d, "failure", text))
+            self.add_bounce(job.n, dl.record.address, text)
+            self.mark_done(ch, job, dl.record)
+        else:
+            self.log(logline.report_mangled(dl.d))
+        self.job_close(ch, job)
+        ch.slots[slot] = None
+        ch.used -= 1
+        self.status()
+
+    def mark_done(self, ch, job, record):
+        try:
+            self.backend.mark_done(job.n, ch.name, record)
+        except QueueError as e:
+            self.warn(str(e))
+        job.numtodo -= 1
+
+    def add_bounce(self, n, address, text):
+        note = bounce_note(self.controls.rewriter.strip_virtual_prepend(address), text)
+        while True:
+            try:
+                self.backend.add_bounce_note(n, note)
+                return
+            except QueueError:
+                self.log(logline.alert("unable to append to bounce message; HELP! sleeping..."))
+                time.sleep(SLEEP_PAUSE)
+
+    # -- passes ------------------------------------------------------------------
+    def pass_wakeup(self):
+        if self.exitasap:
+            return SLEEP_FOREVER + self.now
+        wakeup = self.now + SLEEP_FOREVER
+        for ch in self.channels:
+            if ch.job is not None and ch.available():
+                return 0
+        if self.jobs_open < self.numjobs:
+            for ch in self.channels:
+                if ch.job is None and ch.heap:
+                    wakeup = min(wakeup, ch.heap[0][0])
+        if self.pqfail:
+            wakeup = min(wakeup, self.pqfail[0][0])
+        if self.pqdone:
+            wakeup = min(wakeup, self.pqdone[0][0])
+        return wakeup
+
+    def pass_do(self):
+        for ch in self.channels:
+            self.pass_dochan(ch)
+        now = self.now
+        while self.pqfail and self.pqfail[0][0] <= now:
+            _, n = heapq.heappop(self.pqfail)
+            for entry in self.backend.recheck(n):
+                self._add_scheduled(entry)
+        while self.pqdone and self.pqdone[0][0] <= now and not self.exitasap:
+            _, n = heapq.heappop(self.pqdone)
+            self.messdone(n)
+
+    def pass_dochan(self, ch):
+        """Start deliveries from the current pass; open further passes while slots are free."""
+        while not self.exitasap:
+            if ch.job is None:
+                if self.jobs_open >= self.numjobs or not ch.available():
+                    return
+                n = ch.pop_due(self.now)
+                if n is None:
+                    return
+                if not self.pass_open(ch, n):
+                    continue
+            if not self.pass_step(ch):
+                return
+
+    def pass_step(self, ch):
+        """Work through the current pass; True when it ended (EOF or garbage)."""
+        while True:
+            if ch.index >= len(ch.records):
+                ch.job.hiteof = True
+                self.pass_close(ch)
+                return True
+            if not ch.available():
+                return False
+            record = ch.records[ch.index]
+            ch.index += 1
+            if record.address is None:
+                self.warn("unknown record type in %s!" % self.backend.channel_file(ch.job.n, ch.name))
+                self.pass_close(ch)
+                return True
+            if record.done:
+                continue
+            ch.job.numtodo += 1
+            self.del_start(ch, ch.job, record)
+
+    def pass_open(self, ch, n):
+        try:
+            sender, birth = self.backend.info(n)
+            records = self.backend.recipients(n, ch.name)
+        except QueueError:
+            self.warn("trouble opening %s; will try again later" % self.backend.channel_file(n, ch.name))
+            ch.schedule(self.now + SLEEP_SYSFAIL, n)
+            return False
+        job = Job(n, schedule.next_retry(birth, self.now, ch.name), sender,
+                  schedule.is_dying(birth, self.now, self.controls.lifetime))
+        self.jobs_open += 1
+        ch.job, ch.records, ch.index = job, records, 0
+        return True
+
+    def pass_close(self, ch):
+        job = ch.job
+        ch.job, ch.records, ch.index = None, None, 0
+        self.job_close(ch, job)
+
+    def job_close(self, ch, job):
+        job.refs -= 1
+        if job.refs > 0:
+            return
+        self.jobs_open -= 1
+        if job.hiteof and job.numtodo == 0:
+            try:
+                self.backend.finish_channel(job.n, ch.name)
+            except QueueError as e:
+                self.warn(str(e))
+                ch.schedule(int(time.time()) + SLEEP_SYSFAIL, job.n)
+                return
+            try:
+                if self.backend.channels_left(job.n):
+                    return
+            except QueueError as e:
+                self.warn(str(e))
+            heapq.heappush(self.pqdone, (int(time.time()), job.n))
+            return
+        ch.schedule(job.retry, job.n)
+        try:
+            self.backend.reschedule(job.n, ch.name, job.retry)
+        except QueueError as e:
+            self.warn(str(e))
+
+    def del_start(self, ch, job, record):
+        slot = ch.free_slot()
+        d = self.next_delid
+        self.next_delid += 1
+        ch.slots[slot] = Delivery(d, job, record)
+        job.refs += 1
+        ch.used += 1
+        recipient = record.address
+        ch.outbuf = encode_command(slot, self.backend.message_path(job.n).encode("ascii"),
+                                   verp(job.sender, recipient), recipient)
+        self._flush_command(ch)
+        self.log(logline.starting_delivery(d, job.n, ch.name, recipient))
+        self.status()
+
+    # -- completion ---------------------------------------------------------------
+    def messdone(self, n):
+        try:
+            if not self.backend.completion_due(n):
+                return
+        except QueueError as e:
+            self.warn(str(e))
+            return self._fail_done(n)
+        try:
+            if not self.inject_bounce(n):
+                return self._fail_done(n)
+            self.log(logline.end_msg(n))
+            self.backend.complete(n)
+        except QueueError as e:
+            self.warn(str(e))
+            return self._fail_done(n)
+        except CleanerLost:
+            self.cleandied()
+
+    def _fail_done(self, n):
+        heapq.heappush(self.pqdone, (int(time.time()) + SLEEP_SYSFAIL, n))
+
+    def inject_bounce(self, n):
+        notes = self.backend.bounce_notes(n)
+        if notes is None:
+            return True
+        try:
+            sender, _birth = self.backend.info(n)
+        except QueueError:
+            return False
+        base = bounce.bounce_base(sender)
+        c = self.controls
+        envelope = bounce.bounce_envelope(base, c.doublebounceto, c.doublebouncehost)
+        if envelope is None:
+            self.log(logline.triple_bounce(n))
+        else:
+            qp = self._queue_bounce(n, base, envelope, notes)
+            if qp is None:
+                return False
+            self.log(logline.bounce_msg(n, qp))
+        self.backend.drop_bounce_notes(n)
+        return True
+
+    def _queue_bounce(self, n, base, envelope, notes):
+        from qmailpy.queueclient import QueueClient, QueueStartError
+        c = self.controls
+        env_sender, recipient = envelope
+        try:
+            qq = QueueClient(self.home)
+        except QueueStartError:
+            self.warn("unable to start qmail-queue, will try later")
+            return None
+        try:
+            qq.write(bounce.bounce_head(base, recipient, c.bouncefrom, c.bouncehost))
+            qq.write(notes)
+            qq.write(bounce.bounce_separator(base))
+            with open(os.path.join(self.home, "queue", "mess", self.backend.message_path(n)), "rb") as f:
+                while True:
+                    chunk = f.read(65536)
+                    if not chunk:
+                        break
+                    qq.write(chunk)
+        except OSError:
+            qq.abort()
+            self.warn("trouble injecting bounce message, will try later")
+            return None
+        result = qq.finish(env_sender, [recipient])
+        if not result.ok:
+            self.warn("trouble injecting bounce message, will try later")
+            return None
+        return result.pid
+
+    # -- todo scans -----------------------------------------------------------------
+    def todo_do(self, pulled):
+        if self.exitasap:
+            return
+        if self.todo is None:
+            if not pulled and self.now < self.nexttodorun:
+                return
+            self.trigger_fd = self._open_trigger(self.trigger_fd)
+            try:
+                self.todo = sorted(self.backend.new_work(), reverse=True)
+            except QueueError:
+                self.log(logline.alert("unable to opendir todo, sleeping..."))
+                self.nexttodorun = self.now + SLEEP_PAUSE
+                return
+            self.nexttodorun = self.now + SLEEP_TODO
+        batch = [self.todo.pop() for _ in range(min(TODO_BATCH, len(self.todo)))]
+        if not self.todo:
+            self.todo = None
+        if not batch:
+            return
+        batcher = getattr(self.backend, "preprocess_batch", None)
+        if batcher is None:
+            for n in batch:
+                self.preprocess(n)
+                if self.exitasap:
+                    return
+            return
+        try:
+            results = batcher(batch, self.controls.rewriter.route)
+        except CleanerLost:
+            self.cleandied()
+            return
+        for n, result in results:
+            if isinstance(result, QueueError):
+                self.warn(str(result))
+            else:
+                self.preprocessed(n, result)
+
+    def preprocess(self, n):
+        try:
+            p = self.backend.preprocess(n, self.controls.rewriter.route)
+        except QueueError as e:
+            self.warn(str(e))
+            return
+        except CleanerLost:
+            self.cleandied()
+            return
+        self.preprocessed(n, p)
+
+    def preprocessed(self, n, p):
+        """Log a preprocessed message and schedule its channels (or its completion)."""
+        self.log(logline.new_msg(n))
+        if p.sender is not None:
+            self.log(logline.info_msg(n, p.size, p.sender, p.qp, p.uid))
+        now = int(time.time())
+        for name in p.channels:
+            self.by_name[name].schedule(now, n)
+        if not p.channels:
+            heapq.heappush(self.pqdone, (now, n))
+
+    # -- 36-hour cleanup ------------------------------------------------------------
+    def cleanup_do(self):
+        if self.exitasap:
+            return
+        if self.cleanup is None:
+            if self.now < self.cleanuptime:
+                return
+            self.cleanup = self.backend.stale_messages(self.now)
+        try:
+            n = next(self.cleanup)
+        except StopIteration:
+            self.cleanup = None
+            self.cleanuptime = self.now + SLEEP_CLEANUP
+            return
+        try:
+            self.backend.complete(n)
+        except QueueError as e:
+            self.warn(str(e))
+        except CleanerLost:
+            self.cleandied()

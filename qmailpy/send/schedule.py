@@ -1,0 +1,15 @@
+"""qmail's retry schedule (spec §6.4): retry = birth + (floor(sqrt(now - birth)) + skip)^2."""
+from math import isqrt
+
+SKIP = {"local": 10, "remote": 20}
+
+
+def next_retry(birth, now, channel):
+    n = 0 if birth > now else isqrt(now - birth)
+    n += SKIP[channel]
+    return birth + n * n
+
+
+def is_dying(birth, now, lifetime):
+    """True once the message is older than queuelifetime: its next deferral becomes a failure."""
+    return now > birth + lifetime

@@ -1,0 +1,167 @@
+"""End to end through qmail-start with the real qmail-lspawn and qmail-local:
+what a user sees in Maildirs, mboxes and qmail-send's log."""
+import os
+import re
+
+import pytest
+from inotify_simple import INotify, flags
+
+from lspawn_harness import LocalUsers
+from send_harness import Daemons, wait_mess_gone
+
+MSG = b"Subject: e2e\n\nhello there\n"
+
+
+@pytest.fixture
+def users(qmail_home):
+    return LocalUsers(qmail_home)
+
+
+@pytest.fixture
+def daemons(qmail_home):
+    d = Daemons(qmail_home)
+    yield d
+    d.kill()
+
+
+def queue(home, sender, recipients, message=MSG):
+    done = home.queue_message(message, sender, recipients)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def new_msgs(lines):
+    return [int(l.split()[2]) for l in lines if l.startswith("new msg ")]
+
+
+def maildir_messages(maildir):
+    new = os.path.join(maildir, "new")
+    out = []
+    for name in sorted(os.listdir(new)):
+        with open(os.path.join(new, name), "rb") as f:
+            out.append(f.read())
+    return out
+
+
+def wait_maildir(maildir, count, timeout=30):
+    """Wait (inotify on new/) until count messages are in maildir/new."""
+    new = os.path.join(maildir, "new")
+    with INotify() as ino:
+        ino.add_watch(new, flags.CREATE | flags.MOVED_TO)
+        import time
+        deadline = time.monotonic() + timeout
+        while len(os.listdir(new)) < count:
+            left = deadline - time.monotonic()
+            assert left > 0, "only %d of %d messages in %s" % (len(os.listdir(new)), count, new)
+            ino.read(timeout=int(min(left, 1.0) * 1000))
+    return maildir_messages(maildir)
+
+
+def test_local_to_local_maildir_log_sequence(qmail_home, users, daemons):
+    bench = users.add("bench")
+    daemons.start()
+    lines = daemons.wait_line(r"^status: ")
+    assert lines[0] == "status: local 0/10 remote 0/20"
+    assert {"qmail-send", "qmail-lspawn", "qmail-rspawn", "qmail-clean"} <= set(daemons.daemons())
+    queue(qmail_home, b"joe@test.example", [b"bench@test.example"])
+    lines = daemons.wait_line(r"^end msg ")
+    n = new_msgs(lines)[0]
+    body = [l for l in lines[1:] if not l.startswith("status:")]
+    assert re.fullmatch(r"info msg %d: bytes \d+ from <joe@test.example> qp \d+ uid \d+" % n, body[1])
+    assert body[0] == "new msg %d" % n
+    assert body[2:] == ["starting delivery 1: msg %d to local bench@test.example" % n,
+                        "delivery 1: success: did_1+0+0/",
+                        "end msg %d" % n]
+    assert [l for l in lines if l.startswith("status:")] == [
+        "status: local 0/10 remote 0/20", "status: local 1/10 remote 0/20",
+        "status: local 0/10 remote 0/20"]
+    (got,) = wait_maildir(os.path.join(bench, "Maildir"), 1)
+    assert got.startswith(b"Return-Path: <joe@test.example>\nDelivered-To: bench@test.example\n"
+                          b"Received: (qmail ")
+    assert got.endswith(b"\n" + MSG)
+    wait_mess_gone(qmail_home, n)
+
+
+def test_nonexistent_user_bounces_to_sender(qmail_home, users, daemons):
+    bench = users.add("bench")
+    daemons.start()
+    daemons.wait_line(r"^status: ")
+    queue(qmail_home, b"bench@test.example", [b"nosuchuser@test.example"])
+    lines = daemons.wait_line(r"^end msg ", 2)
+    assert "delivery 1: failure: Sorry,_no_mailbox_here_by_that_name._(#5.1.1)/" in lines
+    (bounce,) = wait_maildir(os.path.join(bench, "Maildir"), 1)
+    assert b"\nReturn-Path: <>\n" in bounce.split(b"\n\n", 1)[0] + b"\n" or bounce.startswith(b"Return-Path: <>\n")
+    assert b"Subject: failure notice\n" in bounce
+    assert b"<nosuchuser@test.example>:\nSorry, no mailbox here by that name. (#5.1.1)\n" in bounce
+    assert b"--- Below this line is a copy of the message.\n\nReturn-Path: <bench@test.example>\n" in bounce
+
+
+def test_postmaster_any_case_reaches_alias(qmail_home, users, daemons):
+    bench = users.add("bench")
+    alias = os.path.join(qmail_home.path, "alias")
+    users.write(os.path.join(alias, ".qmail-postmaster"), "&bench@test.example\n")
+    daemons.start()
+    daemons.wait_line(r"^status: ")
+    queue(qmail_home, b"joe@far.example", [b"PostMaster@test.example"])
+    daemons.wait_line(r"^end msg ", 2)
+    (got,) = wait_maildir(os.path.join(bench, "Maildir"), 1)
+    assert b"Delivered-To: bench@test.example\n" in got
+    assert b"Delivered-To: PostMaster@test.example\n" in got or b"Delivered-To: postmaster@test.example\n" in got
+
+
+def test_double_bounce_reaches_doublebounceto(qmail_home, users, daemons):
+    admin = users.add("admin")
+    qmail_home.control("doublebounceto", "admin")
+    daemons.start()
+    daemons.wait_line(r"^status: ")
+    queue(qmail_home, b"", [b"nosuchuser@test.example"])
+    lines = daemons.wait_line(r"^end msg ", 2)
+    assert re.search(r"^info msg \d+: bytes \d+ from <#@\[\]> qp \d+ uid \d+$", "\n".join(lines), re.M)
+    (got,) = wait_maildir(os.path.join(admin, "Maildir"), 1)
+    assert got.startswith(b"Return-Path: <#@[]>\nDelivered-To: admin@test.example\n")
+    assert b"I tried to deliver a bounce message to this address, but the bounce bounced!\n" in got
+
+
+def test_program_delivery_and_forward(qmail_home, users, daemons):
+    bench = users.add("bench")
+    users.add("bench-", home=bench, dash="-", wildcard=True)
+    out = os.path.join(bench, "prog-out")
+    users.dotqmail(bench, "-prog", "|cat > %s; echo program delivered it\n" % out)
+    users.dotqmail(bench, "-fwd", "&bench@test.example\n")
+    daemons.start()
+    daemons.wait_line(r"^status: ")
+    queue(qmail_home, b"joe@far.example", [b"bench-prog@test.example"])
+    lines = daemons.wait_line(r"^end msg ")
+    assert "delivery 1: success: program_delivered_it/did_0+0+1/" in lines
+    with open(out, "rb") as f:
+        assert f.read().endswith(MSG)
+    queue(qmail_home, b"joe@far.example", [b"bench-fwd@test.example"])
+    lines = daemons.wait_line(r"^end msg ", 3)
+    fwd = [l for l in lines if re.match(r"delivery 2: success: did_0\+1\+0/qp_\d+/$", l)]
+    assert fwd, lines
+    qp = fwd[0].rsplit("_", 1)[1].rstrip("/")
+    assert re.search(r"^info msg \d+: bytes \d+ from <joe@far.example> qp %s uid \d+$" % qp,
+                     "\n".join(lines), re.M)
+    (got,) = wait_maildir(os.path.join(bench, "Maildir"), 1)
+    assert b"Delivered-To: bench-fwd@test.example\n" in got
+
+
+def test_mbox_with_two_writers_at_once(qmail_home, users, daemons):
+    bench = users.add("bench")
+    users.add("bench-", home=bench, dash="-", wildcard=True)
+    users.dotqmail(bench, "-box", "./mbox\n")
+    daemons.start()
+    daemons.wait_line(r"^status: ")
+    # one message, twenty recipients that all land in the same mbox: parallel qmail-locals
+    rcpts = [b"bench-box@test.example"] * 20
+    queue(qmail_home, b"joe@far.example", rcpts, b"Subject: box\n\nFrom here\n>From there\nend")
+    lines = daemons.wait_line(r"^end msg ")
+    assert max(int(re.search(r"local (\d+)/", l).group(1)) for l in lines if l.startswith("status:")) > 1
+    assert sum(1 for l in lines if re.fullmatch(r"delivery \d+: success: did_1\+0\+0/", l)) == 20
+    with open(os.path.join(bench, "mbox"), "rb") as f:
+        mbox = f.read()
+    entries = mbox.split(b"\n\nFrom ")
+    assert len(entries) == 20
+    for entry in entries:
+        assert b"\nReturn-Path: <joe@far.example>\nDelivered-To: bench-box@test.example\n" in entry
+        assert b"\n>From here\n>>From there\nend" in entry
