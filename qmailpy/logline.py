@@ -127,13 +127,23 @@ def parse_prefix(line):
     start's prefix), and journalctl -o short-iso / short-iso-precise, whose
     'HOST IDENT[PID]: ' after the time gives the host.
     """
+    return _reading(_prefix_readings(line))[:3]
+
+
+def _prefix_readings(line):
+    """Every reading of the prefix, most likely first.
+
+    An ISO stamp followed by 'WORD WORD: ' is read as journald's 'HOST IDENT: '
+    first and as a bare qmail line second: qmail's own 'delivery 5: ...' and
+    'triple bounce: ...' look like a journald tag after qmailctl start's stamp.
+    """
     m = _EPOCH.match(line)
     if m:
-        return float(m.group(1)), None, line[m.end():]
+        return [(float(m.group(1)), None, line[m.end():])]
     m = _TAI64N.match(line)
     if m:
         sec = int(m.group(1), 16) - 2 ** 62 - 10
-        return sec + int(m.group(2), 16) / 1e9, None, line[m.end():]
+        return [(sec + int(m.group(2), 16) / 1e9, None, line[m.end():])]
     m = _ISO.match(line)
     if m:
         year, mon, day, hh, mm, ss = (int(g) for g in m.groups()[:6])
@@ -148,9 +158,21 @@ def parse_prefix(line):
         rest = line[m.end():]
         j = _JOURNAL_TAG.match(rest)
         if j:
-            return when, j.group(1), rest[j.end():]
-        return when, None, rest
-    return None, None, line
+            return [(when, j.group(1), rest[j.end():]), (when, None, rest)]
+        return [(when, None, rest)]
+    return [(None, None, line)]
+
+
+def _reading(readings):
+    """(when, host, text, kind, match) of the first reading whose text is a qmail line,
+    else the most likely reading with kind None."""
+    for when, host, text in readings:
+        for kind, pattern in _PATTERNS:
+            m = pattern.match(text)
+            if m:
+                return when, host, text, kind, m
+    when, host, text = readings[0]
+    return when, host, text, None, None
 
 
 def parse(line):
@@ -158,17 +180,15 @@ def parse(line):
     if isinstance(line, bytes):
         line = line.decode("utf-8", "surrogateescape")
     line = line.rstrip("\n")
-    when, host, text = parse_prefix(line)
-    for kind, pattern in _PATTERNS:
-        m = pattern.match(text)
-        if m:
-            fields = {}
-            for key, value in m.groupdict().items():
-                if key in _INT_FIELDS:
-                    fields[key] = int(value)
-                elif key == "exitasap":
-                    fields[key] = value is not None
-                else:
-                    fields[key] = value
-            return Event(when, host, kind, fields, text)
+    when, host, text, kind, m = _reading(_prefix_readings(line))
+    if kind is not None:
+        fields = {}
+        for key, value in m.groupdict().items():
+            if key in _INT_FIELDS:
+                fields[key] = int(value)
+            elif key == "exitasap":
+                fields[key] = value is not None
+            else:
+                fields[key] = value
+        return Event(when, host, kind, fields, text)
     return Event(when, host, "unknown", {}, text)

@@ -163,6 +163,11 @@ class _Queue:
         except (OSError, privs.PrivError):
             self.die(61)
         try:
+            from qmailpy.backends import backend_name
+            log_backend = backend_name(self.home) == "log"
+        except (ValueError, OSError):
+            self.die(55)
+        try:
             os.chdir(self.home)
         except OSError:
             self.die(61)
@@ -218,6 +223,9 @@ class _Queue:
             _sync_dir(messdir)            # mess/S/n must be on disk before todo/n can be
         except OSError:
             self.die_write()
+
+        if log_backend:
+            return self.log_envelope(n, uid, pid)
 
         # S2 -> S3: the envelope, streamed from fd 1 into intd/n.
         try:
@@ -294,7 +302,26 @@ class _Queue:
             if len(out) >= _CHUNK:
                 self.flush_intd(out)
 
+    def log_envelope(self, n, uid, pid):
+        """Log backend, S2 -> S4: one ENVELOPE record, durable (group commit) before exit 0."""
+        from qmailpy.backends.logenqueue import append_envelope
+        from qmailpy.envelope import parse_todo
+        from qmailpy.trigger import pull
+        self.env_buf = bytearray()
+        self.copy_envelope(b"u%d\0p%d\0" % (uid, pid))
+        todo = parse_todo(bytes(self.env_buf))
+        try:
+            append_envelope(".", n, uid, pid, todo.sender, todo.recipients)
+        except OSError:
+            self.die_write()
+        pull(".")
+        return 0
+
     def flush_intd(self, out):
+        if self.intd_fd is None:              # log backend: the envelope is collected
+            self.env_buf += out
+            out.clear()
+            return
         try:
             _write_all(self.intd_fd, out)
         except OSError:

@@ -103,3 +103,14 @@ def test_unknown_and_truncated_lines():
     assert logline.parse("1795323135.1 something else").kind == "unknown"
     assert logline.parse("1795323135.1 info msg 5: bytes 1").kind == "unknown"
     assert logline.parse("alert: oh no! lost qmail-clean connection! dying...").kind == "alert"
+
+
+def test_iso_prefix_before_a_line_that_looks_like_a_journald_tag():
+    # qmailctl start's stamp, then qmail's own "delivery 3:" — not host "delivery".
+    line = "2026-11-22T05:49:38.889725Z delivery 3: success: did_1+0+0/"
+    assert logline.parse_prefix(line) == (1795326578.889725, None, "delivery 3: success: did_1+0+0/")
+    e = logline.parse(line)
+    assert e.kind == "delivery" and e.host is None and e.fields["d"] == 3
+    journald = "2026-11-22T05:49:38+0000 mx1 qmail-send[7]: delivery 3: success: did_1+0+0/"
+    assert logline.parse_prefix(journald)[1] == "mx1"
+    assert logline.parse(journald).host == "mx1"

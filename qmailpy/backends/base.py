@@ -99,7 +99,10 @@ class QueueBackend(ABC):
 
     @abstractmethod
     def reschedule(self, n, channel, when):
-        """The channel's next attempt is at `when` (epoch seconds)."""
+        """The channel's next attempt is at `when` (epoch seconds).
+
+        A true return value means the backend schedules it itself and will offer it
+        again through due(); the caller then forgets it (log backend)."""
 
     @abstractmethod
     def channels_left(self, n):
@@ -112,6 +115,18 @@ class QueueBackend(ABC):
     def completion_due(self, n):
         """True when message n is ready for completion (no channel left, nothing to redo)."""
         return not self.channels_left(n)
+
+    # -- backends that schedule by themselves (log backend queue runners) --
+    def due(self, now):
+        """Scheduled entries that became due since the last call."""
+        return []
+
+    def next_wakeup(self):
+        """Epoch second by which due() should be called again, or None."""
+        return None
+
+    def run_all_now(self):
+        """SIGALRM: offer everything the backend schedules itself through due(), now."""
 
     def recheck(self, n):
         """Scheduled entries for one message whose startup scan failed (RECHECK entries)."""

@@ -172,6 +172,7 @@ class QmailSend:
                 self.runasap = False
                 for ch in self.channels:
                     ch.run_all_now(now)
+                self.backend.run_all_now()
             if self.readasap:
                 self.readasap = False
                 self.reread()
@@ -185,6 +186,15 @@ class QmailSend:
                     rfds.append(ch.reply_fd)
                     if ch.outbuf:
                         wfds.append(ch.cmd_fd)
+            if not self.exitasap:
+                try:
+                    for entry in self.backend.due(now):
+                        self._add_scheduled(entry)
+                except CleanerLost:
+                    self.cleandied()
+                backend_wakeup = self.backend.next_wakeup()
+                if backend_wakeup is not None:
+                    wakeup = min(wakeup, backend_wakeup)
             wakeup = min(wakeup, self.pass_wakeup())
             if not self.exitasap:
                 if self.trigger_fd is not None:
@@ -429,11 +439,12 @@ class QmailSend:
                 self.warn(str(e))
             heapq.heappush(self.pqdone, (int(time.time()), job.n))
             return
-        ch.schedule(job.retry, job.n)
         try:
-            self.backend.reschedule(job.n, ch.name, job.retry)
+            if self.backend.reschedule(job.n, ch.name, job.retry):
+                return                      # the backend's queue runners offer it again
         except QueueError as e:
             self.warn(str(e))
+        ch.schedule(job.retry, job.n)
 
     def del_start(self, ch, job, record):
         slot = ch.free_slot()
