@@ -134,22 +134,37 @@ def gid_of_name(name):
     return _group(name)
 
 
+# Account lookups are cached for the life of the process: qmail compiles its
+# uids in at build time, and a long-lived injector (the SMTP listener, a
+# spawner) would otherwise repeat the NSS lookups for every message it forks.
+_users = {}
+_groups = {}
+
+
 def _user(name):
-    import pwd
-    try:
-        return pwd.getpwnam(name) if not name.isdigit() else pwd.getpwuid(int(name))
-    except KeyError:
-        raise PrivError("no such user: %s" % name) from None
+    pw = _users.get(name)
+    if pw is None:
+        import pwd
+        try:
+            pw = pwd.getpwnam(name) if not name.isdigit() else pwd.getpwuid(int(name))
+        except KeyError:
+            raise PrivError("no such user: %s" % name) from None
+        _users[name] = pw
+    return pw
 
 
 def _group(name):
-    import grp
     if name.isdigit():
         return int(name)
-    try:
-        return grp.getgrnam(name).gr_gid
-    except KeyError:
-        raise PrivError("no such group: %s" % name) from None
+    gid = _groups.get(name)
+    if gid is None:
+        import grp
+        try:
+            gid = grp.getgrnam(name).gr_gid
+        except KeyError:
+            raise PrivError("no such group: %s" % name) from None
+        _groups[name] = gid
+    return gid
 
 
 def account(home, role, roles=None):

@@ -106,6 +106,22 @@ def _setup_signals():
     signal.alarm(DEATH)
 
 
+def prepare(home):
+    """Load what run() needs and resolve the home's accounts, in a long-lived caller.
+
+    QueueClient calls this before forking, so each forked queueing child starts
+    with its modules imported and its account lookups cached instead of paying
+    for both per message. Failures are left for run() to report.
+    """
+    from qmailpy import backends, privs, trigger  # noqa: F401
+    try:
+        roles = privs.load_roles(home)
+        privs.role_uids(home, ("alias", "qmaild", "qmails", "qmailq"), roles)
+        privs.group_id(home, "qmail", roles)
+    except (OSError, privs.PrivError):
+        pass
+
+
 def run(home, msg_fd=0, env_fd=1):
     """Queue one message; the exit code of qmail-queue (spec §4)."""
     try:

@@ -99,6 +99,9 @@ class QueueClient:
     def __init__(self, home, environ=None):
         environ = os.environ if environ is None else environ
         program = environ.get("QMAILQUEUE")
+        if program is None:
+            from qmailpy import qmailqueue
+            qmailqueue.prepare(home)
         fds = []
         try:
             for _ in range(3):

@@ -41,6 +41,9 @@ def main(argv=None):
     from qmailpy import privs
     privileges.preload()
     home = qmail_home()
+    # ... and the accounts every session and queueing child switches to.
+    from qmailpy import qmailqueue
+    qmailqueue.prepare(home)
     if local is None:
         try:
             me = control_value(home, "me")
