@@ -1,7 +1,7 @@
 """End-to-end local delivery: N messages injected as fast as possible, time until
 all are in Maildir/new.
 
-    .venv/bin/python bench/deliver.py [-n 2000] [--injectors 4] [--size 2000]
+    .venv/bin/python bench/deliver.py [-n 2000] [--injectors 4] [--size 2000] [--backend dir|log|both]
 
 Builds a throw-away home (`qmailctl init`), one user with ~/Maildir/ in
 users/assign, starts the real daemons with `qmail-start ./Maildir/`, and
@@ -10,6 +10,12 @@ several injector processes. Each message carries `X-Bench: i`; arrivals in
 Maildir/new are watched with inotify. Prints messages/s (first injection to
 last arrival) and the median and 95th percentile injection-to-delivery latency.
 Run as root, every daemon runs as `nobody`; otherwise as the invoking user.
+
+--backend picks control/queuebackend (default dir); `both` runs dir then log with
+the same N. For each backend a second, identical run under
+`strace -f -c --seccomp-bpf -e trace=fsync,fdatasync` (injectors and daemons alike)
+counts fsyncs per delivered message; its own time is not reported, because
+tracing slows it (--no-strace skips it, or it is skipped when strace is missing).
 """
 import argparse
 import multiprocessing
@@ -25,7 +31,7 @@ import time
 from inotify_simple import INotify, flags
 
 
-def make_home(base, user):
+def make_home(base, user, backend="dir"):
     home = os.path.join(base, "home")
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     subprocess.run(["qmailctl", "init", "--home", home, "--me", "bench.example", "--user", user],
@@ -39,6 +45,11 @@ def make_home(base, user):
             os.chown(path, pw.pw_uid, pw.pw_gid)
     with open(os.path.join(home, "users", "assign"), "w") as f:
         f.write("=bench:%s:%d:%d:%s:::\n.\n" % (user, pw.pw_uid, pw.pw_gid, userhome))
+    if backend != "dir":
+        path = os.path.join(home, "control", "queuebackend")
+        with open(path, "w") as f:
+            f.write(backend + "\n")
+        os.chmod(path, 0o644)
     env["QMAILHOME"] = home
     return home, userhome + "/Maildir", env
 
@@ -61,6 +72,25 @@ def inject(args):
         f.write("".join("%d %.6f\n" % it for it in times))
 
 
+def count_fsyncs(args, backend):
+    """fsync + fdatasync calls of one whole run (every process) under strace."""
+    out = tempfile.mktemp(prefix="qmailpy-bench-strace-")
+    argv = ["strace", "-f", "-c", "--seccomp-bpf", "-e", "trace=fsync,fdatasync", "-o", out,
+            sys.executable, os.path.abspath(__file__), "-n", str(args.n), "--injectors", str(args.injectors),
+            "--size", str(args.size), "--backend", backend, "--no-strace"] + (["--prefill"] if args.prefill else [])
+    done = subprocess.run(argv, capture_output=True)
+    if done.returncode != 0:
+        raise SystemExit("traced run failed: %s" % done.stderr.decode(errors="replace")[-2000:])
+    calls = 0
+    with open(out) as f:
+        for line in f:
+            parts = line.split()
+            if parts and parts[-1] in ("fsync", "fdatasync"):
+                calls += int(parts[3])
+    os.unlink(out)
+    return calls
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-n", type=int, default=2000, help="messages (default 2000)")
@@ -68,13 +98,39 @@ def main():
     parser.add_argument("--size", type=int, default=2000, help="message size in bytes (default 2000)")
     parser.add_argument("--prefill", action="store_true",
                         help="queue everything first, then start the daemons: delivery speed alone")
+    parser.add_argument("--backend", choices=("dir", "log", "both"), default="dir",
+                        help="queue backend (both: dir then log, same N)")
+    parser.add_argument("--no-strace", action="store_true", help="do not count fsyncs")
     args = parser.parse_args()
+    backends = ("dir", "log") if args.backend == "both" else (args.backend,)
+    figures = {}
+    for backend in backends:
+        print("== backend %s" % backend, flush=True)
+        code, rate = run(args, backend)
+        if code:
+            return code
+        fsyncs = None
+        if not args.no_strace and shutil.which("strace"):
+            fsyncs = count_fsyncs(args, backend) / args.n
+            print("fsyncs per delivered message: %.2f (fsync+fdatasync, all processes)" % fsyncs, flush=True)
+        figures[backend] = (rate, fsyncs)
+    if len(figures) == 2:
+        print("== summary (N=%d)" % args.n)
+        for backend, (rate, fsyncs) in figures.items():
+            print("%-4s %8.1f messages/s end to end   fsyncs/message %s" % (
+                backend, rate, "-" if fsyncs is None else "%.2f" % fsyncs))
+        print("log / dir: %.2fx" % (figures["log"][0] / figures["dir"][0]))
+    return 0
+
+
+def run(args, backend):
+    """One run on a fresh home: (exit code, end-to-end messages/s)."""
     user = "nobody" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
     base = tempfile.mkdtemp(prefix="qmailpy-bench-")
     os.chmod(base, 0o755)
     send = None
     try:
-        home, maildir, env = make_home(base, user)
+        home, maildir, env = make_home(base, user, backend)
         def start_daemons():
             log = open(os.path.join(base, "send.log"), "wb")
             proc = subprocess.Popen(["qmail-start", "./Maildir/"], stdout=log, stderr=log, env=env,
@@ -129,11 +185,13 @@ def main():
         latencies.sort()
         print("messages: %d injected, %d delivered to Maildir/new" % (len(injected), len(arrivals)))
         print("injectors: %d, size: %d bytes, user: %s" % (args.injectors, args.size, user))
-        print("throughput: %.1f messages/s end to end (%.2f s)" % (len(arrivals) / (end - start), end - start))
+        rate = len(arrivals) / (end - start)
+        print("throughput: %.1f messages/s end to end (%.2f s)" % (rate, end - start))
         if latencies:
             print("latency injection->Maildir/new: median %.1f ms, p95 %.1f ms" % (
                 latencies[len(latencies) // 2] * 1000, latencies[int(len(latencies) * 0.95)] * 1000))
-        return 0 if len(arrivals) == args.n else 1
+        sys.stdout.flush()
+        return (0 if len(arrivals) == args.n else 1), rate
     finally:
         if send is not None and send.poll() is None:
             send.send_signal(signal.SIGTERM)

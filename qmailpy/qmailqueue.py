@@ -120,6 +120,11 @@ def prepare(home):
         privs.group_id(home, "qmail", roles)
     except (OSError, privs.PrivError):
         pass
+    try:
+        if backends.backend_name(home) == "log":
+            from qmailpy.backends import logenqueue  # noqa: F401  (its record coding, crc32c)
+    except (OSError, ValueError):
+        pass
 
 
 def run(home, msg_fd=0, env_fd=1):

@@ -4,6 +4,12 @@ qmail_home: a fresh home made by `qmailctl init --home PATH --me test.example
 --user USER`. USER is the invoking user, or `nobody` when the tests run as
 root; then the home lives under a 0755 directory (pytest's own temp base is
 0700 for root, which nobody could not traverse) and is owned by nobody.
+
+queue_backend: the backend qmail_home writes to control/queuebackend. It is
+"dir" unless the test is marked `both_backends` (then it runs once per
+backend, ids [dir] and [log]); tests marked `dir_only` inspect the directory
+backend's own files (todo/, intd/, info/, local/, remote/...) and stay on it.
+A module opts in wholesale with `pytestmark = pytest.mark.both_backends`.
 """
 import os
 import pwd
@@ -80,8 +86,28 @@ class QmailHome:
         return subprocess.CompletedProcess(["qmail-queue"], code, b"", stderr)
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "both_backends: run once per queue backend (dir, log)")
+    config.addinivalue_line("markers", "dir_only: inspects directory-backend files; never on log")
+
+
+def pytest_generate_tests(metafunc):
+    if "queue_backend" not in metafunc.fixturenames:
+        return
+    if metafunc.definition.get_closest_marker("dir_only") is not None:
+        return
+    if metafunc.definition.get_closest_marker("both_backends") is not None:
+        metafunc.parametrize("queue_backend", ["dir", "log"], indirect=True)
+
+
 @pytest.fixture
-def qmail_home(tmp_path):
+def queue_backend(request):
+    """"dir" or "log" (see the module docstring)."""
+    return getattr(request, "param", "dir")
+
+
+@pytest.fixture
+def qmail_home(tmp_path, queue_backend):
     if AS_ROOT:
         user = "nobody"
         base = tempfile.mkdtemp(prefix="qmailpy-test-")
@@ -94,8 +120,12 @@ def qmail_home(tmp_path):
     done = subprocess.run(["qmailctl", "init", "--home", path, "--me", "test.example", "--user", user],
                           env=env, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
+    home = QmailHome(path, user)
+    home.backend = queue_backend
+    if queue_backend != "dir":
+        home.control("queuebackend", queue_backend + "\n")
     try:
-        yield QmailHome(path, user)
+        yield home
     finally:
         if AS_ROOT:
             shutil.rmtree(base, ignore_errors=True)

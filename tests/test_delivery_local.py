@@ -9,6 +9,8 @@ from inotify_simple import INotify, flags
 from lspawn_harness import LocalUsers
 from send_harness import Daemons, wait_mess_gone
 
+pytestmark = pytest.mark.both_backends
+
 MSG = b"Subject: e2e\n\nhello there\n"
 
 

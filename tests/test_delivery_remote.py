@@ -8,8 +8,11 @@ import pytest
 
 from lspawn_harness import LocalUsers
 from remote_harness import Smtpd
+from queue_view import schedule
 from send_harness import Daemons, wait_mess_gone
 from test_delivery_local import wait_maildir
+
+pytestmark = pytest.mark.both_backends
 
 MSG = b"Subject: remote e2e\n\nline one\n.line with a dot\n"
 
@@ -66,11 +69,11 @@ def test_4xx_deferred_retried_by_alarm_then_5xx_bounced(qmail_home, smtpd, daemo
     n = new_msgs(lines)[0]
     assert ("delivery 1: deferral: 127.0.0.1_does_not_like_recipient./Remote_host_said:_451_4.3.0_try_again_later/"
             "Giving_up_on_127.0.0.1./") in lines
-    info = os.path.join(qmail_home.queue, "info", str(n % 23), str(n))
-    remote = os.path.join(qmail_home.queue, "remote", str(n % 23), str(n))
-    birth = int(os.stat(info).st_mtime)
-    daemons.wait_for(lambda _: int(os.stat(remote).st_mtime) >= birth + 400, what="retry time on the remote file")
-    due = int(os.stat(remote).st_mtime)
+    def retry():
+        birth, dues = schedule(qmail_home, n)
+        return birth, dues.get("remote", 0)
+    daemons.wait_for(lambda _: retry()[1] >= retry()[0] + 400, what="retry time of the remote channel")
+    birth, due = retry()
     assert due - birth == (math.isqrt(due - birth) ) ** 2 and due - birth >= 400
     del smtpd.rcpt_replies["flaky@far.example"]
     daemons.signal(signal.SIGALRM)          # what qmailctl doqueue does

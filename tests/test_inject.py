@@ -6,6 +6,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from test_smtpd_support import mess_count, queued
 
+pytestmark = pytest.mark.both_backends
+
 
 def env(home, **extra):
     e = dict(home.env)

@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from qmailpy.send.bounce import bounce_message
+from queue_view import leftovers
 from send_harness import Daemons, wait_mess_gone
 
 MSG = b"Subject: test\n\nhello\n"
@@ -35,15 +36,11 @@ def new_msgs(lines):
 
 
 def queue_files(home):
-    found = []
-    for root, _, files in os.walk(home.queue):
-        for name in files:
-            rel = os.path.relpath(os.path.join(root, name), home.queue)
-            if not rel.startswith("lock/"):
-                found.append(rel)
-    return sorted(found)
+    """What the queue still holds, on either backend (queue_view.leftovers)."""
+    return leftovers(home)
 
 
+@pytest.mark.both_backends
 def test_startup_status_line_and_four_daemons(qmail_home, daemons):
     daemons.start()
     lines = daemons.wait_line(r"^status: ")
@@ -60,6 +57,7 @@ def test_startup_status_line_and_four_daemons(qmail_home, daemons):
     assert daemons.lines()[-1] == "status: exiting"
 
 
+@pytest.mark.both_backends
 def test_local_and_remote_delivery_log_sequence(qmail_home, daemons):
     daemons.start()
     daemons.wait_line(r"^status: ")
@@ -96,6 +94,7 @@ def test_local_and_remote_delivery_log_sequence(qmail_home, daemons):
     assert queue_files(qmail_home) == []
 
 
+@pytest.mark.both_backends
 def test_failure_bounces_to_sender_byte_exact(qmail_home, daemons):
     qmail_home.control("bouncehost", "bounce.test.example")
     daemons.start()
@@ -127,6 +126,7 @@ def test_failure_bounces_to_sender_byte_exact(qmail_home, daemons):
         assert b"0 %d/%d - joe@far.example" % (b % 23, b) in f.read()
 
 
+@pytest.mark.both_backends
 def test_double_and_triple_bounces(qmail_home, daemons):
     qmail_home.control("doublebounceto", "dbl")
     daemons.start()
@@ -159,6 +159,7 @@ def retry_due(birth, now, skip):
     return birth + (math.isqrt(max(0, now - birth)) + skip) ** 2
 
 
+@pytest.mark.dir_only       # reads and edits info/, remote/, todo/ files
 def test_deferral_schedule_alarm_and_restart(qmail_home, daemons):
     daemons.start()
     daemons.wait_line(r"^status: ")
@@ -196,6 +197,7 @@ def test_deferral_schedule_alarm_and_restart(qmail_home, daemons):
         again.kill()
 
 
+@pytest.mark.dir_only       # reads and edits info/, remote/, todo/ files
 def test_mangled_report_and_garbage_in_queue_files(qmail_home, daemons):
     daemons.start()
     daemons.wait_line(r"^status: ")
@@ -229,6 +231,7 @@ def test_mangled_report_and_garbage_in_queue_files(qmail_home, daemons):
         again.kill()
 
 
+@pytest.mark.both_backends
 def test_second_qmail_send_refuses_to_start(qmail_home, daemons):
     daemons.start()
     daemons.wait_line(r"^status: ")
@@ -268,6 +271,7 @@ def run_send_alone(home):
                 os.close(fd)
 
 
+@pytest.mark.both_backends
 def test_no_spawners_and_missing_controls(qmail_home):
     assert run_send_alone(qmail_home) == (111, b"alert: cannot start: hath the daemon spawn no fire?\n")
     os.unlink(os.path.join(qmail_home.path, "control", "locals"))
@@ -275,6 +279,7 @@ def test_no_spawners_and_missing_controls(qmail_home):
     assert run_send_alone(qmail_home) == (111, b"alert: cannot start: unable to read controls\n")
 
 
+@pytest.mark.both_backends
 def test_sighup_rereads_locals_and_virtualdomains(qmail_home, daemons):
     daemons.start()
     daemons.wait_line(r"^status: ")
@@ -300,6 +305,7 @@ def test_sighup_rereads_locals_and_virtualdomains(qmail_home, daemons):
         assert b"\n<fail-x@virt.example>:\nfailed by the fake spawner\n" in f.read()
 
 
+@pytest.mark.dir_only       # reads and edits info/, remote/, todo/ files
 def test_dying_message_fails_instead_of_deferring(qmail_home, daemons):
     qmail_home.control("queuelifetime", "100")
     daemons.start()
@@ -323,6 +329,7 @@ def test_dying_message_fails_instead_of_deferring(qmail_home, daemons):
         again.kill()
 
 
+@pytest.mark.both_backends
 def test_logger_arguments_receive_the_log(qmail_home):
     from send_harness import shared_dir, write_fake_spawners
     from inotify_simple import INotify, flags

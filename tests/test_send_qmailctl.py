@@ -13,6 +13,8 @@ from qmailpy import logline
 from send_harness import Daemons
 from test_delivery_local import wait_maildir
 
+pytestmark = pytest.mark.both_backends
+
 
 def free_port():
     with socket.socket() as s:

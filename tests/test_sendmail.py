@@ -6,6 +6,8 @@ import pytest
 from test_inject import env
 from test_smtpd_support import mess_count, queued
 
+pytestmark = pytest.mark.both_backends
+
 
 def sendmail(home, args, message, argv0="sendmail", **extra):
     return home.run([argv0, *args], input=message, env=env(home, **extra))

@@ -12,6 +12,8 @@ from remote_harness import Smtpd
 from send_harness import Daemons
 from test_smtpd_support import TIMEOUT, ListenerProcess
 
+pytestmark = pytest.mark.both_backends
+
 
 def wait_maildir(maildir, count):
     """Wait (inotify on new/) until maildir/new holds count messages; their bytes."""

@@ -1,15 +1,17 @@
 """Helpers for the qmail-smtpd, listener, sendmail and qmail-inject tests (plus their own checks).
 
 SmtpdProcess runs the real qmail-smtpd program with a connected socket on its
-fds 0/1, as tcpserver does; the test holds the other end. queued() reads what
-reached the queue: the todo/ envelope and the mess/ bytes of each message.
+fds 0/1, as tcpserver does; the test holds the other end. queued() (queue_view)
+reads what reached the queue, on either backend: envelope and mess/ bytes.
 """
 import os
 import re
 import socket
 import subprocess
 
-from qmailpy.envelope import parse_todo
+import pytest
+
+from queue_view import queued  # noqa: F401  (re-exported for the submission tests)
 
 TIMEOUT = 30
 REPLY_LINE = re.compile(rb"\A[2-5][0-9][0-9][ -][^\r\n]*\r\n\Z")
@@ -93,43 +95,11 @@ class SmtpdProcess:
         self.client.close()
 
 
-class Queued:
-    def __init__(self, n, todo, mess):
-        self.n = n
-        self.sender = todo.sender
-        self.recipients = todo.recipients
-        self.uid = todo.uid
-        self.mess = mess
-
-    def body_after_received(self, count=2):
-        """mess bytes without the first `count` Received lines (qmail-queue's, qmail-smtpd's)."""
-        data = self.mess
-        for _ in range(count):
-            assert data.startswith(b"Received: "), data[:80]
-            end = data.index(b"\n")
-            while data[end + 1:end + 2] in (b" ", b"\t"):
-                end = data.index(b"\n", end + 1)
-            data = data[end + 1:]
-        return data
-
-
-def queued(home):
-    """Every message in todo/, oldest inode first."""
-    todo_dir = os.path.join(home.queue, "todo")
-    out = []
-    for name in sorted(os.listdir(todo_dir), key=int):
-        with open(os.path.join(todo_dir, name), "rb") as f:
-            todo = parse_todo(f.read())
-        n = int(name)
-        with open(os.path.join(home.queue, "mess", str(n % 23), name), "rb") as f:
-            out.append(Queued(n, todo, f.read()))
-    return out
-
-
 def mess_count(home):
     return sum(len(os.listdir(os.path.join(home.queue, "mess", str(i)))) for i in range(23))
 
 
+@pytest.mark.both_backends
 def test_queued_reads_a_message_put_there_by_qmail_queue(qmail_home):
     done = qmail_home.queue_message(b"Subject: x\n\nhi\n", b"a@b.example", [b"c@d.example"])
     assert done.returncode == 0, done.stderr

@@ -1,7 +1,8 @@
 """Read-only view of a directory queue, as qmail-qread and qmail-qstat see it (spec §12).
 
-list_messages() walks info/0..22 (directory order inside each, like qmail's
-readsubdir) and reads, for every preprocessed message, info (sender, and its
+list_messages() walks info/0..22 (inside each, in ascending message number:
+qmail lists in readdir order, which depends on the filesystem; a fixed order
+lets the log backend show exactly the same listing) and reads, for every preprocessed message, info (sender, and its
 mtime = birth), the size of mess, whether bounce/n exists, and the records of
 local then remote. A file that cannot be read makes that message's view carry
 an `error` (qmail-qread prints it as a warning) instead of its details.
@@ -84,7 +85,7 @@ def list_messages(queue_dir):
     """MessageViews of every message with an info file, in qmail-qread's order."""
     views = []
     for s in range(SPLIT):
-        for n in _numbers(os.path.join(queue_dir, "info", str(s))):
+        for n in sorted(_numbers(os.path.join(queue_dir, "info", str(s)))):
             views.append(view(queue_dir, n))
     return views
 

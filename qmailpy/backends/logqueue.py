@@ -925,12 +925,26 @@ class LogQueue(QueueBackend):
         return views
 
     def counts(self):
+        """(mess/ files, ENVELOPEs not yet preprocessed), as qmail-qstat prints them.
+
+        A body whose message has a FINISH as its last record is not counted: it is
+        gone from the queue and only waits for the next checkpoint to be unlinked
+        (see complete()), where qmail-clean would already have removed it."""
+        latest, finished = {}, set()
+        for rec in self.scan():
+            if rec.type == R.ENVELOPE:
+                latest.setdefault(rec.n, states.S4)
+                finished.discard(rec.n)
+            elif rec.type in R.SNAPSHOTS:
+                latest[rec.n] = states.S5
+            elif rec.type == R.FINISH:
+                latest.pop(rec.n, None)
+                finished.add(rec.n)
         in_mess = 0
         for s in range(SPLIT):
             try:
                 in_mess += sum(1 for name in os.listdir(os.path.join(self.queue, "mess", str(s)))
-                               if is_number(name))
+                               if is_number(name) and int(name) not in finished)
             except OSError:
                 pass
-        unprocessed = sum(1 for m in self.latest_states().values() if m["state"] == states.S4)
-        return in_mess, unprocessed
+        return in_mess, sum(1 for state in latest.values() if state == states.S4)
