@@ -1,0 +1,102 @@
+"""qmail-audit: audit qmail snapshots, logs and segments on Spark.
+
+Exit 0 clean, 1 violations found, 2 bad input or a Spark failure.
+The work is in spark.job; this module parses arguments and maps errors.
+"""
+import argparse
+import os
+import sys
+
+
+def _parser():
+    p = argparse.ArgumentParser(
+        prog="qmail-audit",
+        description="audit qmail queue snapshots, qmail-send logs and log-backend segments")
+    p.add_argument("--master", default=None,
+                   help="Spark master URL (default local[*])")
+    p.add_argument("--out", default="qmail-audit.out", metavar="DIR",
+                   help="output directory (default ./qmail-audit.out)")
+    p.add_argument("--host", action="append", default=[], metavar="NAME=PATH",
+                   help="inputs at or below PATH belong to host NAME (repeatable)")
+    p.add_argument("--queuelifetime", type=int, default=604800, metavar="SECONDS",
+                   help="queuelifetime of the logged hosts (default 604800)")
+    p.add_argument("--lifetime-slack", type=float, default=3600.0, metavar="SECONDS",
+                   help="grace after the last scheduled attempt before a message counts as "
+                        "past its lifetime (default 3600)")
+    p.add_argument("--no-parquet", action="store_true", help="skip the Parquet outputs")
+    p.add_argument("--driver-memory", default="4g", metavar="SIZE",
+                   help="heap of the Spark driver, which does all the work in local mode "
+                        "(default 4g)")
+    p.add_argument("inputs", nargs="+", metavar="INPUT",
+                   help="snapshot, log, segment file, directory, glob, URI or qmail home")
+    return p
+
+
+def session(master, app_name="qmail-audit", driver_memory=None):
+    """A SparkSession with the UI off and the driver bound to SPARK_LOCAL_IP or 127.0.0.1.
+
+    In local mode the driver does all the work: its heap (--driver-memory, default 4g)
+    must hold the shuffles of a large log."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    builder = SparkSession.builder.appName(app_name) \
+        .config("spark.ui.enabled", "false") \
+        .config("spark.ui.showConsoleProgress", "false") \
+        .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"]) \
+        .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"]) \
+        .config("spark.sql.session.timeZone", "UTC") \
+        .config("spark.sql.shuffle.partitions", "8") \
+        .config("spark.driver.memory", driver_memory or "4g")
+    if master:
+        builder = builder.master(master)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main(argv=None, use_existing_master=False):
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        from spark.inputs import parse_host_map
+        host_map = parse_host_map(args.host)
+    except ValueError as e:
+        print("qmail-audit: %s" % e, file=sys.stderr)
+        return 2
+    import importlib.util
+    if importlib.util.find_spec("pyspark") is None:
+        print("qmail-audit: pyspark is not installed (pip install 'qmailpy[spark]')",
+              file=sys.stderr)
+        return 2
+    master = args.master or (None if use_existing_master else "local[*]")
+    spark = None
+    try:
+        from spark import job
+        spark = session(master, driver_memory=args.driver_memory)
+        opts = job.Options(host_map=host_map, queuelifetime=args.queuelifetime,
+                           lifetime_slack=args.lifetime_slack,
+                           write_parquet=not args.no_parquet)
+        result = job.audit(spark, args.inputs, args.out, opts)
+    except Exception as e:          # Py4J/Spark errors arrive as many exception types
+        text = str(e).strip().splitlines()
+        print("qmail-audit: Spark failed: %s" % (text[0] if text else e.__class__.__name__),
+              file=sys.stderr)
+        return 2
+    finally:
+        if spark is not None:
+            spark.stop()
+    for bad in result.bad_inputs:
+        example = bad["examples"][0] if bad["examples"] else {}
+        print("qmail-audit: bad input: %d x %s%s" % (
+            bad["count"], bad["kind"],
+            " (e.g. %s: %s)" % (example.get("path"), example.get("detail")) if example else ""),
+            file=sys.stderr)
+    for kind, count in sorted(result.findings_by_kind.items()):
+        print("qmail-audit: %s: %d" % (kind, count), file=sys.stderr)
+    print("qmail-audit: %d violation(s); report: %s" % (
+        result.violations, os.path.join(os.path.abspath(args.out), "report.html")))
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

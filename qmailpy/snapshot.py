@@ -1,0 +1,361 @@
+"""Queue snapshots: the one definition of the snapshot format (man qmail-snapshot(5)).
+
+A snapshot is JSON Lines, one object per line, UTF-8 (bytes that are not UTF-8
+travel as \\udcXX escapes, Python's surrogateescape):
+
+1. a header  {"record": "snapshot", "format": 1, "host", "home", "backend",
+   "taken", "queuelifetime"}
+2. one {"record": "message", ...} per message number found (MESSAGE_FIELDS)
+3. a trailer {"record": "end", "host", "messages": count}
+
+A snapshot without its trailer, or whose count disagrees, is torn. Readers
+(qmail-audit) validate each line with parse_line(); SnapshotError names what
+is wrong with one line so the rest can still be used.
+
+Writers: walk(home) for a live home (directory backend by walking queue/,
+log backend through its QueueBackend.list_messages()), and
+from_notqmail_text() for the text dumps of a real notqmail queue kept as test
+fixtures (shared/data/qmail-queue-snapshot.txt).
+"""
+import json
+import os
+import re
+import socket
+import time
+
+from qmailpy import envelope, layout, states
+
+FORMAT = 1
+CHANNELS = ("local", "remote")
+# Keys of a message record, in order. files: kind -> {path, split, size, mtime,
+# atime, inode, mode, links} (atime/inode/mode/links may be null when unknown).
+MESSAGE_FIELDS = ("record", "host", "n", "backend", "state", "files", "birth", "size",
+                  "sender", "recipients", "bouncing", "bounce", "problems")
+FILE_FIELDS = ("path", "split", "size", "mtime", "atime", "inode", "mode", "links")
+DEFAULT_QUEUELIFETIME = 604800
+
+
+class SnapshotError(ValueError):
+    """One snapshot line is not a valid record."""
+
+
+def text(raw):
+    """bytes from the queue as a JSON-safe str (non-UTF-8 bytes escaped)."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def raw(value):
+    """The inverse of text()."""
+    return value.encode("utf-8", "surrogateescape")
+
+
+def header(host, home, backend, taken, queuelifetime):
+    return {"record": "snapshot", "format": FORMAT, "host": host, "home": home,
+            "backend": backend, "taken": taken, "queuelifetime": queuelifetime}
+
+
+def trailer(host, count):
+    return {"record": "end", "host": host, "messages": count}
+
+
+def message_record(host, n, backend, files, sender=None, recipients=(), bounce=None,
+                   bouncing=None, problems=(), state=None, birth=None, size=None):
+    """A message record; state is classified from the files unless given (log backend)."""
+    if state is None and backend == "dir":
+        state = states.classify(files.keys())
+    if birth is None and "info" in files:
+        birth = files["info"]["mtime"]
+    if size is None and "mess" in files:
+        size = files["mess"]["size"]
+    if bouncing is None:
+        bouncing = "bounce" in files
+    return {"record": "message", "host": host, "n": n, "backend": backend, "state": state,
+            "files": files, "birth": birth, "size": size, "sender": sender,
+            "recipients": list(recipients), "bouncing": bool(bouncing), "bounce": bounce,
+            "problems": list(problems)}
+
+
+def recipient(channel, address, done):
+    return {"channel": channel, "address": address, "done": bool(done)}
+
+
+def dumps(record):
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=True)
+
+
+# --- reading ----------------------------------------------------------------
+
+_REQUIRED = {
+    "snapshot": {"format": int, "host": str, "taken": (int, float), "queuelifetime": int},
+    "message": {"host": str, "n": int, "backend": str, "files": dict, "recipients": list,
+                "problems": list},
+    "end": {"host": str, "messages": int},
+}
+
+
+def parse_line(line):
+    """The record of one snapshot line; SnapshotError when it is not one."""
+    if isinstance(line, bytes):
+        line = line.decode("utf-8", "surrogateescape")
+    try:
+        record = json.loads(line)
+    except ValueError as e:
+        raise SnapshotError("not JSON: %s" % e) from None
+    if not isinstance(record, dict):
+        raise SnapshotError("not a JSON object")
+    kind = record.get("record")
+    if kind not in _REQUIRED:
+        raise SnapshotError("unknown record type %r" % (kind,))
+    for key, typ in _REQUIRED[kind].items():
+        value = record.get(key)
+        if not isinstance(value, typ) or isinstance(value, bool):
+            raise SnapshotError("%s record: field %r missing or of the wrong type" % (kind, key))
+    if kind == "snapshot" and record["format"] != FORMAT:
+        raise SnapshotError("unsupported snapshot format %r" % record["format"])
+    if kind == "message":
+        if record.get("state") not in states.STATES + (None,):
+            raise SnapshotError("message record: unknown state %r" % record.get("state"))
+        for kind_name, meta in record["files"].items():
+            if kind_name not in states.FILES or not isinstance(meta, dict):
+                raise SnapshotError("message record: bad file entry %r" % kind_name)
+    return record
+
+
+def read(lines):
+    """(records, errors) for an iterable of snapshot lines: each error is (line number, text)."""
+    records, errors = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(parse_line(line))
+        except SnapshotError as e:
+            errors.append((number, str(e)))
+    return records, errors
+
+
+# --- walking a live home -----------------------------------------------------
+
+def _meta(relpath, split, st):
+    return {"path": relpath, "split": split, "size": st.st_size, "mtime": st.st_mtime,
+            "atime": st.st_atime, "inode": st.st_ino, "mode": st.st_mode & 0o7777,
+            "links": st.st_nlink}
+
+
+def _scan(directory):
+    """(name, stat) of every all-digit entry of one directory."""
+    try:
+        entries = os.scandir(directory)
+    except FileNotFoundError:
+        return
+    with entries:
+        for entry in entries:
+            if layout.is_number(entry.name):
+                try:
+                    yield entry.name, entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue            # gone between readdir and stat: it moved on
+
+
+def _collect_files(queue):
+    """n -> {kind: meta}, and n -> [problems] for the whole directory queue."""
+    found, problems = {}, {}
+    for kind in layout.SPLIT_DIRS:
+        for split in range(layout.SPLIT):
+            for name, st in _scan(os.path.join(queue, kind, str(split))):
+                n = int(name)
+                rel = "%s/%d/%s" % (kind, split, name)
+                files = found.setdefault(n, {})
+                if split != layout.split_of(n):
+                    problems.setdefault(n, []).append(
+                        "split-mismatch: %s is in split dir %d, expected %d"
+                        % (rel, split, layout.split_of(n)))
+                    if kind in files:
+                        continue
+                elif kind in files:
+                    problems.setdefault(n, []).append(
+                        "duplicate: %s also found as %s" % (rel, files[kind]["path"]))
+                files[kind] = _meta(rel, split, st)
+    for kind in ("intd", "todo", "bounce"):
+        for name, st in _scan(os.path.join(queue, kind)):
+            n = int(name)
+            found.setdefault(n, {})[kind] = _meta("%s/%s" % (kind, name), None, st)
+    for n, files in found.items():
+        mess = files.get("mess")
+        if mess is not None and mess["inode"] != n:
+            problems.setdefault(n, []).append(
+                "inode-mismatch: %s has inode %d" % (mess["path"], mess["inode"]))
+    return found, problems
+
+
+def _read_file(queue, meta):
+    with open(os.path.join(queue, meta["path"]), "rb") as f:
+        return f.read()
+
+
+def _dir_message(host, queue, n, files, problems):
+    sender, recipients, bounce = None, [], None
+    try:
+        if "info" in files:
+            sender = text(envelope.parse_info(_read_file(queue, files["info"])))
+        for channel in CHANNELS:
+            if channel in files:
+                for rec in envelope.parse_channel(_read_file(queue, files[channel])):
+                    recipients.append(recipient(channel, text(rec.address), rec.done))
+        if "todo" in files and "info" not in files:
+            todo = envelope.parse_todo(_read_file(queue, files["todo"]))
+            sender = text(todo.sender)
+            recipients += [recipient("todo", text(r), False) for r in todo.recipients]
+            if todo.unknown:
+                problems.append("unknown-record: todo/%d has %d unknown records"
+                                % (n, len(todo.unknown)))
+        if "bounce" in files:
+            bounce = text(_read_file(queue, files["bounce"]))
+    except FileNotFoundError:
+        problems.append("moved: a file of message %d vanished during the walk" % n)
+    except (OSError, ValueError) as e:
+        problems.append("unreadable: message %d: %s" % (n, e))
+    return message_record(host, n, "dir", files, sender, recipients, bounce, problems=problems)
+
+
+def walk_dir(host, queue):
+    """Message records of a directory-backend queue, in increasing number order."""
+    found, problems = _collect_files(queue)
+    for n in sorted(found):
+        yield _dir_message(host, queue, n, found[n], problems.get(n, []))
+
+
+def walk_log(host, home):
+    """Message records of a log-backend home, from the backend's own reader."""
+    from qmailpy.backends import open_backend
+    for view in open_backend(home).list_messages():
+        recipients = [recipient(channel, *_view_record(rec))
+                      for channel in CHANNELS for rec in getattr(view, channel)]
+        problems = [view.error] if view.error else []
+        yield message_record(host, view.n, "log", {}, text(view.sender) if view.sender is not None
+                             else None, recipients, bouncing=view.bouncing, problems=problems,
+                             state=view.state, birth=view.birth, size=view.size)
+
+
+def _view_record(rec):
+    """(address, done) of a MessageView recipient: a ChannelRecord or an (address, done) pair."""
+    if hasattr(rec, "address"):
+        address, done = rec.address, rec.done
+    else:
+        address, done = rec
+    return (text(address) if isinstance(address, bytes) else address), done
+
+
+def walk(home, host=None, now=None):
+    """Every line (as a record dict) of a snapshot of one home: header, messages, trailer."""
+    from qmailpy.backends import backend_name
+    from qmailpy.home import control_int
+    host = host or socket.gethostname()
+    backend = backend_name(home)
+    lifetime = control_int(home, "queuelifetime", DEFAULT_QUEUELIFETIME)
+    yield header(host, os.path.abspath(home), backend, time.time() if now is None else now,
+                 lifetime)
+    count = 0
+    messages = walk_dir(host, layout.queue_dir(home)) if backend == "dir" else walk_log(host, home)
+    for record in messages:
+        count += 1
+        yield record
+    yield trailer(host, count)
+
+
+def write(records, out):
+    """Write records as snapshot lines to a text stream; returns the number of messages."""
+    count = 0
+    for record in records:
+        out.write(dumps(record))
+        out.write("\n")
+        count += record["record"] == "message"
+    return count
+
+
+# --- notqmail text dumps (test fixtures) ------------------------------------
+
+_TAKEN = re.compile(r"# taken at (\d+(?:\.\d+)?)")
+_MSG = re.compile(r"msg (\d+)$")
+_FILE = re.compile(r"  (\w+)/(?:(\d+)/)?(\d+)  size (\d+)  mtime (\d+)  mode 0o([0-7]+)"
+                   r"  owner \S+  links (\d+)$")
+
+
+def from_notqmail_text(lines, host, queuelifetime=DEFAULT_QUEUELIFETIME):
+    """Snapshot records from the text dump of a real notqmail queue.
+
+    The dump (see shared/data/README.md) lists per message each file with size,
+    mtime, mode and links, and the NUL-terminated records of info/local/remote/
+    todo/intd one per line ('  done' marks are D records). atime and inode are
+    not in the dump: inode is taken to be the number, atime is unknown.
+    Raises SnapshotError when the dump has no per-message section.
+    """
+    taken = None
+    blocks, current, kind = [], None, None
+    in_messages = False
+    for line in lines:
+        line = line.rstrip("\n")
+        m = _TAKEN.match(line)
+        if m and taken is None:
+            taken = float(m.group(1))
+            continue
+        if line.startswith("## 3."):
+            in_messages = True
+            continue
+        if not in_messages or line.startswith("#") or not line.strip():
+            continue
+        m = _MSG.match(line)
+        if m:
+            current = {"n": int(m.group(1)), "files": {}, "content": {}}
+            blocks.append(current)
+            kind = None
+            continue
+        if current is None:
+            raise SnapshotError("text outside a message block: %r" % line[:60])
+        m = _FILE.match(line)
+        if m:
+            kind = m.group(1)
+            if kind not in states.FILES:
+                raise SnapshotError("unknown file kind %r" % kind)
+            split = int(m.group(2)) if m.group(2) is not None else None
+            n = int(m.group(3))
+            rel = "%s/%d/%d" % (kind, split, n) if split is not None else "%s/%d" % (kind, n)
+            current["files"][kind] = {
+                "path": rel, "split": split, "size": int(m.group(4)),
+                "mtime": float(m.group(5)), "atime": None, "inode": n,
+                "mode": int(m.group(6), 8), "links": int(m.group(7))}
+            current["content"][kind] = []
+            continue
+        if kind is None or not line.startswith("    "):
+            raise SnapshotError("unexpected line in msg %d: %r" % (current["n"], line[:60]))
+        current["content"][kind].append(line[4:])
+    if taken is None or not in_messages:
+        raise SnapshotError("not a notqmail queue dump (no 'taken at' line or no section 3)")
+    yield header(host, "/var/qmail", "dir", taken, queuelifetime)
+    for block in blocks:
+        yield _text_block_record(host, block)
+    yield trailer(host, len(blocks))
+
+
+def _text_block_record(host, block):
+    n, files, content = block["n"], block["files"], block["content"]
+    problems = []
+    for kind, meta in files.items():
+        if meta["split"] is not None and meta["split"] != layout.split_of(n):
+            problems.append("split-mismatch: %s is in split dir %d, expected %d"
+                            % (meta["path"], meta["split"], layout.split_of(n)))
+    sender, recipients, bounce = None, [], None
+    if "info" in content and content["info"]:
+        sender = content["info"][0][1:]
+    for channel in CHANNELS:
+        for rec in content.get(channel, ()):
+            recipients.append(recipient(channel, rec[1:], rec[:1] == "D"))
+    if "todo" in content and sender is None:
+        for rec in content["todo"]:
+            if rec[:1] == "F":
+                sender = rec[1:]
+            elif rec[:1] == "T":
+                recipients.append(recipient("todo", rec[1:], False))
+    if "bounce" in content:
+        bounce = "".join(line[2:] + "\n" for line in content["bounce"])
+    return message_record(host, n, "dir", files, sender, recipients, bounce, problems=problems)

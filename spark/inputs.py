@@ -1,0 +1,158 @@
+"""Finding, classifying and naming the audit's inputs (local paths or Hadoop URIs).
+
+Each INPUT argument is a file, a directory (every non-hidden file below it), a
+glob, or a qmail home (a local directory holding queue/, snapshotted on the
+spot). A `KIND:` prefix (log:, snapshot:, notqmail:, segment:) forces the kind;
+otherwise the first bytes decide: '{' = snapshot JSON lines, '# qmail queue
+snapshot' = a notqmail text dump, a NUL byte = a log-backend segment, anything
+else = a qmail-send log.
+
+Hosts: --host NAME=PATH names everything at or below PATH; otherwise a
+journald line carries its own host, and any other file belongs to the host
+named like its directory (a directory argument: that directory).
+"""
+import os
+import socket
+
+KINDS = ("log", "snapshot", "notqmail", "segment", "home")
+HEAD_BYTES = 512
+
+
+class InputFile:
+    __slots__ = ("path", "kind", "host", "order")
+
+    def __init__(self, path, kind, host, order):
+        self.path, self.kind, self.host, self.order = path, kind, host, order
+
+    def __repr__(self):
+        return "InputFile(%r, %r, %r)" % (self.path, self.kind, self.host)
+
+
+class BadInput:
+    __slots__ = ("kind", "path", "detail")
+
+    def __init__(self, kind, path, detail):
+        self.kind, self.path, self.detail = kind, path, detail
+
+    def as_dict(self):
+        return {"kind": self.kind, "path": self.path, "detail": self.detail}
+
+
+def split_kind(spec):
+    head, sep, rest = spec.partition(":")
+    if sep and head in KINDS and head != "home":
+        return head, rest
+    return None, spec
+
+
+def parse_host_map(pairs):
+    """[(prefix, name)] from NAME=PATH strings, longest prefix first."""
+    out = []
+    for pair in pairs or ():
+        name, sep, path = pair.partition("=")
+        if not sep or not name or not path:
+            raise ValueError("--host wants NAME=PATH, got %r" % pair)
+        out.append((_normal(path), name))
+    return sorted(out, key=lambda p: -len(p[0]))
+
+
+def _normal(path):
+    """A local path (file: URIs included) made absolute; other URIs unchanged."""
+    if path.startswith("file:"):
+        path = path[len("file:"):]
+        while path.startswith("//"):
+            path = path[1:]
+        return path
+    if "://" in path:
+        return path
+    return os.path.abspath(path)
+
+
+def host_for(path, default, host_map):
+    local = _normal(path)
+    for prefix, name in host_map:
+        if local == prefix or local.startswith(prefix.rstrip("/") + "/"):
+            return name
+    return default
+
+
+def sniff(head):
+    if head.startswith(b"QMAILLOG"):
+        return "segment"
+    if head.startswith(b"{"):
+        return "snapshot"
+    if head.startswith(b"# qmail queue snapshot"):
+        return "notqmail"
+    if b"\0" in head:
+        return "segment"
+    return "log"
+
+
+def is_home(path):
+    return ("://" not in path and not path.startswith("file:")
+            and os.path.isdir(os.path.join(path, "queue", "mess")))
+
+
+def resolve(sc, specs, host_map):
+    """(InputFile list, BadInput list) for the INPUT arguments."""
+    jvm = sc._jvm
+    conf = sc._jsc.hadoopConfiguration()
+    files, bad = [], []
+    order = 0
+    for spec in specs:
+        forced, target = split_kind(spec)
+        if forced is None and is_home(target):
+            files.append(InputFile(os.path.abspath(target), "home",
+                                   host_for(target, socket.gethostname(), host_map), order))
+            order += 1
+            continue
+        try:
+            hpath = jvm.org.apache.hadoop.fs.Path(target)
+            fs = hpath.getFileSystem(conf)
+            statuses = fs.globStatus(hpath)
+        except Exception as e:                      # py4j wraps every Java exception
+            bad.append(BadInput("unreadable-path", target, _java_message(e)))
+            continue
+        if not statuses:
+            bad.append(BadInput("unreadable-path", target, "no such file or directory"))
+            continue
+        for status in statuses:
+            found = []
+            if status.isDirectory():
+                dir_name = status.getPath().getName()
+                try:
+                    it = fs.listFiles(status.getPath(), True)
+                    while it.hasNext():
+                        st = it.next()
+                        name = st.getPath().getName()
+                        if not name.startswith((".", "_")):
+                            found.append((st.getPath().toString(), dir_name))
+                except Exception as e:
+                    bad.append(BadInput("unreadable-path", status.getPath().toString(),
+                                        _java_message(e)))
+                    continue
+                found.sort()
+            else:
+                found.append((status.getPath().toString(), status.getPath().getParent().getName()))
+            for path, dir_name in found:
+                try:
+                    stream = fs.open(jvm.org.apache.hadoop.fs.Path(path))
+                    try:
+                        head = bytes(stream.readNBytes(HEAD_BYTES))
+                    finally:
+                        stream.close()
+                except Exception as e:
+                    bad.append(BadInput("unreadable-path", path, _java_message(e)))
+                    continue
+                kind = forced or sniff(head)
+                files.append(InputFile(path, kind, host_for(path, dir_name, host_map), order))
+                order += 1
+    return files, bad
+
+
+def _java_message(e):
+    text = str(e)
+    for line in text.splitlines():
+        if "Exception:" in line:
+            return line.split("Exception:", 1)[1].strip() or line.strip()
+    return text.splitlines()[0] if text else e.__class__.__name__

@@ -1,0 +1,361 @@
+"""The audit job: inputs -> per-message transition tables -> findings, summaries, report.
+
+audit(spark, specs, out_dir, options) runs everything on the given SparkSession
+and returns an AuditResult; the exit status is decided by AuditResult.exit_code
+(0 clean, 1 violations, 2 bad input). The command line lives in
+qmailpy/cli/qmail_audit.py; spark-submit can run spark/submit.py.
+"""
+import json
+import os
+
+from pyspark import StorageLevel
+from pyspark.sql import types as T
+
+from qmailpy import snapshot as snapshot_format
+from spark import inputs as inputs_mod
+from spark import logparse, messages, segments, snapshots, summaries, report
+
+EXAMPLES_PER_KIND = 20
+
+
+class Options:
+    def __init__(self, host_map=(), queuelifetime=604800, lifetime_slack=3600.0,
+                 write_parquet=True, home_snapshot_dir=None):
+        self.host_map = list(host_map)
+        self.queuelifetime = queuelifetime
+        self.lifetime_slack = lifetime_slack
+        self.write_parquet = write_parquet
+        self.home_snapshot_dir = home_snapshot_dir
+
+
+class AuditResult:
+    def __init__(self, summary, findings_by_kind, violations, bad_inputs, out_dir):
+        self.summary = summary
+        self.findings_by_kind = findings_by_kind
+        self.violations = violations
+        self.bad_inputs = bad_inputs
+        self.out_dir = out_dir
+
+    @property
+    def bad_count(self):
+        return sum(b["count"] for b in self.bad_inputs)
+
+    @property
+    def exit_code(self):
+        if self.bad_count:
+            return 2
+        return 1 if self.violations else 0
+
+
+def _schema(fields, types):
+    return T.StructType([T.StructField(name, types[name], True) for name in fields])
+
+
+_L, _D, _S, _B = T.LongType(), T.DoubleType(), T.StringType(), T.BooleanType()
+FIELD_TYPES = {
+    "host": _S, "n": _L, "birth": _D, "info_time": _D, "bytes": _L, "sender": _S, "qp": _L,
+    "uid": _L, "end_time": _D, "ended": _B, "orphan": _B, "attempts": _L, "successes": _L,
+    "failures": _L, "deferrals": _L, "bounced": _L, "triple": _L, "last_state": _S,
+    "seq": _L, "time": _D, "event": _S, "from_state": _S, "to_state": _S, "legal": _B,
+    "done": _D, "nk": _L, "nd": _L, "nz": _L, "occ_birth": _D, "result": _S, "dstart": _D,
+    "ddone": _D, "channel": _S, "recipient": _S, "domain": _S, "reason": _S, "kind": _S,
+    "severity": _S, "detail": _S, "via": _S,
+}
+SCHEMAS = {
+    "occ": _schema(messages.OCC_FIELDS, FIELD_TYPES),
+    "tr": _schema(messages.TRANSITION_FIELDS, FIELD_TYPES),
+    "m": _schema(messages.MLINE_FIELDS, FIELD_TYPES),
+    "d": _schema(messages.DLINE_FIELDS, FIELD_TYPES),
+    "f": _schema(messages.FINDING_FIELDS, FIELD_TYPES),
+}
+
+
+# --- reading ------------------------------------------------------------------
+
+def _parse_partition(rows):
+    counts = {}
+    hosts = {}
+    for host, rank, index, line in rows:
+        parsed = logparse.parse_line(host, rank, index, line)
+        if parsed[0] == "bad":
+            key = "bad:" + parsed[1]
+            counts[key] = counts.get(key, 0) + 1
+            yield ("b", parsed[1:])
+            continue
+        kind, host, seq, when, event = parsed
+        counts[kind] = counts.get(kind, 0) + 1
+        span = hosts.get(host)
+        if span is None:
+            hosts[host] = [when, seq, when, kind]
+        else:
+            if when < span[0]:
+                span[0] = when
+            if seq > span[1]:
+                span[1], span[2], span[3] = seq, when, kind
+        if event is not None:
+            yield ("e", event)
+    yield ("k", counts)
+    for host, span in hosts.items():
+        yield ("h", host, span)
+
+
+def _numbered(host, rank):
+    """Lines of one partition as (host, rank, index, line); index orders the whole file."""
+    def number(part, lines):
+        base = part << logparse.PART_SHIFT
+        for i, line in enumerate(lines):
+            yield host, rank, base | i, line
+    return number
+
+
+def _read_logs(sc, files):
+    rdds = []
+    for rank, f in enumerate(files):
+        rdds.append(sc.textFile(f.path).mapPartitionsWithIndex(_numbered(f.host, rank)))
+    if not rdds:
+        return None
+    return sc.union(rdds).mapPartitions(_parse_partition)
+
+
+def _snapshot_partition(rows):
+    for index, line in rows:
+        if not line.strip():
+            continue
+        try:
+            yield ("r", snapshot_format.parse_line(line))
+        except snapshot_format.SnapshotError as e:
+            yield ("x", (index + 1, str(e)))
+
+
+def _read_json_snapshot(sc, f, bad):
+    """(message records RDD, header or None, the RDD to unpersist) of one snapshot file."""
+    parsed = sc.textFile(f.path).zipWithIndex().map(lambda li: (li[1], li[0])) \
+        .mapPartitions(_snapshot_partition)
+    parsed.persist(StorageLevel.MEMORY_AND_DISK)
+    small = parsed.filter(lambda t: t[0] == "x" or t[1]["record"] != "message").take(1000)
+    errors = [t[1] for t in small if t[0] == "x"]
+    meta = [t[1] for t in small if t[0] == "r"]
+    count = parsed.filter(lambda t: t[0] == "r" and t[1]["record"] == "message").count()
+    records = parsed.filter(lambda t: t[0] == "r" and t[1]["record"] == "message") \
+        .map(lambda t: t[1])
+    problems = snapshots.check_file(meta, errors, count)
+    for p in problems:
+        bad.append(inputs_mod.BadInput("corrupt-snapshot", f.path, p))
+    headers = [r for r in meta if r["record"] == "snapshot"]
+    header = headers[0] if headers else None
+    return records, header, parsed
+
+
+def _read_notqmail(sc, f, bad):
+    """(message records RDD, header) of a notqmail queue text dump (a small file)."""
+    text = sc.wholeTextFiles(f.path).collect()
+    recs = []
+    for _path, content in text:
+        try:
+            recs = list(snapshot_format.from_notqmail_text(content.splitlines(), f.host))
+        except snapshot_format.SnapshotError as e:
+            bad.append(inputs_mod.BadInput("corrupt-snapshot", f.path, str(e)))
+            return None, None
+    header = recs[0]
+    return sc.parallelize([r for r in recs if r["record"] == "message"], 2), header
+
+
+def _home_inputs(f, opts):
+    """A qmail home as inputs: a snapshot taken now, and its log-backend segments."""
+    directory = opts.home_snapshot_dir
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "%s-%d.snapshot" % (f.host, f.order))
+    with open(path, "w", encoding="utf-8") as out:
+        snapshot_format.write(snapshot_format.walk(f.path, host=f.host), out)
+    found = [inputs_mod.InputFile(path, "snapshot", f.host, f.order)]
+    logdir = os.path.join(f.path, "queue", "log")
+    if os.path.isdir(logdir):
+        for name in sorted(os.listdir(logdir)):
+            if name.endswith(".seg"):
+                found.append(inputs_mod.InputFile(os.path.join(logdir, name), "segment",
+                                                  f.host, f.order))
+    return found
+
+
+# --- the job ------------------------------------------------------------------
+
+def audit(spark, specs, out_dir, opts=None):
+    opts = opts or Options()
+    if opts.home_snapshot_dir is None:
+        opts.home_snapshot_dir = os.path.join(out_dir, "snapshots")
+    sc = spark.sparkContext
+    files, bad = inputs_mod.resolve(sc, specs, opts.host_map)
+    files = [g for f in files for g in (_home_inputs(f, opts) if f.kind == "home" else [f])]
+
+    # snapshots -------------------------------------------------------------
+    snap_records = []           # (rdd of message records, taken, lifetime)
+    snapshot_hosts = {}
+    persisted = []
+    for f in files:
+        if f.kind == "snapshot":
+            records, header, parsed = _read_json_snapshot(sc, f, bad)
+            persisted.append(parsed)
+        elif f.kind == "notqmail":
+            records, header = _read_notqmail(sc, f, bad)
+        else:
+            continue
+        if records is None:
+            continue
+        if header is None:
+            continue            # reported as corrupt; without its time nothing can be judged
+        taken, lifetime = header["taken"], header["queuelifetime"]
+        snap_records.append((records, taken, lifetime))
+        snapshot_hosts.setdefault(header["host"], []).append(taken)
+
+    # logs ------------------------------------------------------------------
+    log_files = sorted((f for f in files if f.kind == "log"), key=lambda f: (f.host, f.order))
+    parsed = _read_logs(sc, log_files)
+    line_counts, spans, bad_lines = {}, {}, []
+    events = None
+    if parsed is not None:
+        parsed.persist(StorageLevel.MEMORY_AND_DISK)
+        persisted.append(parsed)
+        for tag_row in parsed.filter(lambda t: t[0] in ("k", "h")).collect():
+            if tag_row[0] == "k":
+                for k, v in tag_row[1].items():
+                    line_counts[k] = line_counts.get(k, 0) + v
+            else:
+                host, span = tag_row[1], tag_row[2]
+                old = spans.get(host)
+                if old is None:
+                    spans[host] = list(span)
+                else:
+                    old[0] = min(old[0], span[0])
+                    if span[1] > old[1]:
+                        old[1:] = span[1:]
+        bad_lines = parsed.filter(lambda t: t[0] == "b").map(lambda t: t[1])
+        events = parsed.filter(lambda t: t[0] == "e").map(lambda t: t[1])
+    log_names = [f.path for f in log_files]
+    bad_counts = {k[4:]: v for k, v in line_counts.items() if k.startswith("bad:")}
+    if bad_counts:
+        examples = bad_lines.take(200)
+        for kind, count in sorted(bad_counts.items()):
+            shown = [e for e in examples if e[0] == kind][:EXAMPLES_PER_KIND]
+            for e in shown:
+                bad.append(inputs_mod.BadInput(kind, log_names[e[2]],
+                                               "%s: %s" % (logparse.position(e[3]), e[4])))
+            if count > len(shown):
+                bad.append(inputs_mod.BadInput(kind, None, "%d more" % (count - len(shown))))
+
+    # segments ----------------------------------------------------------------
+    seg_rows = None
+    seg_files = [f for f in files if f.kind == "segment"]
+    read = segments.reader() if seg_files else None
+    for f in seg_files:
+        if read is None:
+            bad.append(inputs_mod.BadInput(
+                "unreadable-segment", f.path,
+                "this installation has no log-backend segment reader (%s)"
+                % segments.READER_MODULE))
+            continue
+        rows = sc.binaryFiles(f.path).flatMap(
+            lambda pd, h=f.host, rd=read: segments.records(rd, h, pd[0], pd[1]))
+        seg_rows = rows if seg_rows is None else seg_rows.union(rows)
+
+    # per-message tables ------------------------------------------------------
+    contexts = {}
+    for host in set(spans) | set(snapshot_hosts):
+        span = spans.get(host)
+        contexts[host] = messages.HostContext(
+            log_start=span[0] if span else None, log_end=span[2] if span else None,
+            log_end_exiting=bool(span and span[3] == "exiting"),
+            snapshots=snapshot_hosts.get(host, ()) if span else (),
+            queuelifetime=opts.queuelifetime, lifetime_slack=opts.lifetime_slack)
+    ctx_b = sc.broadcast(contexts)
+
+    row_rdds = []
+    if events is not None:
+        parts = max(2, parsed.getNumPartitions())
+        deliveries = events.filter(lambda e: e[3] in ("start", "result")) \
+            .map(lambda e: ((e[0], e[5]), e)).groupByKey(parts) \
+            .map(lambda kv: messages.pair_deliveries(list(kv[1])))
+        paired = deliveries.flatMap(lambda pu: pu[0])
+        msg_events = events.filter(lambda e: e[3] in logparse.MESSAGE_KINDS) \
+            .map(lambda e: ((e[0], e[4]), ("ev", e, e[1], e[2])))
+        keyed = msg_events.union(paired)
+        log_hosts = set(spans)
+        for records, taken, _lifetime in snap_records:
+            keyed = keyed.union(records.filter(lambda r, hs=log_hosts: r["host"] in hs)
+                                .map(lambda r, t=taken: snapshots.observation(r, t)))
+        grouped = keyed.groupByKey(parts).flatMap(
+            lambda kv: messages.process_group(kv[0][0], kv[0][1], list(kv[1]),
+                                              ctx_b.value[kv[0][0]]))
+        row_rdds.append(grouped)
+    for records, taken, lifetime in snap_records:
+        row_rdds.append(records.flatMap(
+            lambda r, t=taken, q=lifetime, s=opts.lifetime_slack:
+            snapshots.check_record(r, t, q, s)))
+    if seg_rows is not None:
+        seg_rows.persist(StorageLevel.MEMORY_AND_DISK)
+        persisted.append(seg_rows)
+        for _tag, (kind, path, detail) in seg_rows.filter(lambda t: t[0] == "bad").collect():
+            bad.append(inputs_mod.BadInput(kind, path, detail))
+        row_rdds.append(seg_rows.filter(lambda t: t[0] == "f"))
+        row_rdds.append(seg_rows.filter(lambda t: t[0] == "seg").map(lambda t: t[1])
+                        .groupByKey().flatMap(lambda kv: segments.process_segment_group(
+                            kv[0][0], kv[0][1], list(kv[1]))))
+    rows = sc.union(row_rdds) if row_rdds else sc.parallelize([])
+    # one Python -> JVM conversion for all tables: a row holds its table's struct
+    tags = list(SCHEMAS)
+    combined = T.StructType([T.StructField("tag", T.StringType(), False)]
+                            + [T.StructField(tag, SCHEMAS[tag], True) for tag in tags])
+    spread = rows.map(lambda t: (t[0],) + tuple(t[1] if t[0] == g else None for g in tags))
+    table = spark.createDataFrame(spread, combined).persist(StorageLevel.MEMORY_AND_DISK)
+    frames = {tag: table.filter(table["tag"] == tag).select(tag + ".*") for tag in tags}
+    os.makedirs(out_dir, exist_ok=True)
+    if opts.write_parquet:
+        names = {"occ": "messages", "tr": "transitions", "m": "qmailanalog_m",
+                 "d": "deliveries", "f": "findings"}
+        for tag, name in names.items():
+            frames[tag].write.mode("overwrite").parquet(_uri(out_dir, name + ".parquet"))
+        frames["f"].write.mode("overwrite").json(_uri(out_dir, "findings.json"))
+
+    summary, summary_tables = summaries.compute(frames, line_counts)
+    results = line_counts.get("delivery", 0) + line_counts.get("report mangled", 0)
+    summary["log"]["unmatched_results"] = results - summary["deliveries"]["matched_results"]
+    summary["inputs"] = {
+        "files": [{"path": f.path, "kind": f.kind, "host": f.host} for f in files],
+        "hosts": sorted(set(spans) | set(snapshot_hosts)),
+    }
+    bad_list = _bad_summary(bad)
+    summary["bad_input"] = bad_list
+    findings_by_kind = summary["findings"]["by_kind"]
+    violations = summary["findings"]["violations"]
+    if opts.write_parquet:
+        for name, df in summary_tables.items():
+            df.write.mode("overwrite").parquet(_uri(out_dir, name + ".parquet"))
+    with open(os.path.join(out_dir, "summaries.json"), "w") as f:
+        json.dump(summary, f, indent=1, sort_keys=True, default=str)
+    with open(os.path.join(out_dir, "zoverall.txt"), "w") as f:
+        f.write(summaries.zoverall_text(summary["qmailanalog"]))
+    plots = summaries.plot_data(frames, summary)
+    with open(os.path.join(out_dir, "report.html"), "w", encoding="utf-8") as f:
+        f.write(report.render(summary, plots))
+    for rdd in persisted:
+        rdd.unpersist()
+    table.unpersist()
+    return AuditResult(summary, findings_by_kind, violations, bad_list, out_dir)
+
+
+def _bad_summary(bad):
+    """Bad inputs grouped by kind: count and up to EXAMPLES_PER_KIND examples."""
+    grouped = {}
+    for b in bad:
+        entry = grouped.setdefault(b.kind, {"kind": b.kind, "count": 0, "examples": []})
+        if b.path is None and b.detail.endswith("more"):
+            entry["count"] += int(b.detail.split()[0])
+            continue
+        entry["count"] += 1
+        if len(entry["examples"]) < EXAMPLES_PER_KIND:
+            entry["examples"].append(b.as_dict())
+    return sorted(grouped.values(), key=lambda e: e["kind"])
+
+
+def _uri(out_dir, name):
+    path = os.path.join(out_dir, name)
+    return path if "://" in path else "file://" + os.path.abspath(path)

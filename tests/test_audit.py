@@ -1,0 +1,387 @@
+"""qmail-audit on Spark (local mode, one shared SparkSession for the whole file).
+
+The shared notqmail sample must give the README's exact counts and no
+violation; generated logs and snapshots with counted defects must give exactly
+those findings and figures; bad input is counted and the rest audited.
+"""
+import json
+import os
+import queue
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+
+from spark import job, synthetic  # noqa: E402
+
+BIN = os.path.dirname(sys.executable)
+SPARK_HOME = os.path.dirname(pyspark.__file__)
+
+DATA = "/work/shared/data"
+if not os.path.isdir(DATA):
+    DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+EPOCH = os.path.join(DATA, "qmail-send-sample.epoch.log")
+TAI64N = os.path.join(DATA, "qmail-send-sample.tai64n.log")
+SNAPSHOT_TEXT = os.path.join(DATA, "qmail-queue-snapshot.txt")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from qmailpy.cli.qmail_audit import session
+    s = session("local[2]", "qmail-audit-tests")
+    yield s
+    s.stop()
+
+
+def _copy(src, directory, name):
+    os.makedirs(directory, exist_ok=True)
+    dst = os.path.join(directory, name)
+    shutil.copyfile(src, dst)
+    return dst
+
+
+def _audit(spark, inputs, out, **kw):
+    kw.setdefault("write_parquet", False)
+    return job.audit(spark, [str(i) for i in inputs], str(out), job.Options(**kw))
+
+
+def _sample_checks(result):
+    s = result.summary
+    assert s["log"]["lines"] == 2951
+    assert s["log"]["by_kind"] == {
+        "status": 963, "exiting": 1, "new msg": 333, "info msg": 333,
+        "starting delivery": 481, "delivery": 481, "bounce msg": 45, "triple bounce": 2,
+        "end msg": 312}
+    m = s["messages"]
+    assert (m["messages"], m["numbers"], m["ended"], m["not_ended"]) == (333, 260, 312, 21)
+    assert (m["bounces"], m["triple_bounces"], m["orphans"]) == (45, 2, 0)
+    ch = s["deliveries"]["by_channel"]
+    assert ch["local"] == {"attempts": 305, "success": 262, "failure": 33, "deferral": 10}
+    assert ch["remote"] == {"attempts": 176, "success": 91, "failure": 14, "deferral": 71}
+    q = s["qmailanalog"]
+    assert q["completed_messages"] == 312
+    assert (q["delivery_attempts"], q["success"], q["failure"], q["deferral"]) == (481, 353, 47, 81)
+    domains = {r["domain"]: r for r in s["per_domain"]}
+    assert domains["sink.example"]["success"] == 73          # README cross-check table
+    assert domains["responder.example"]["success"] == 18
+    assert result.violations == 0 and result.exit_code == 0
+    assert result.findings_by_kind == {"never-ended": 21}
+    assert s["bad_input"] == []
+    return q
+
+
+def test_shared_sample_epoch_and_tai64n_give_the_readme_counts(spark, tmp_path):
+    host = tmp_path / "mx"
+    epoch = _audit(spark, [_copy(EPOCH, host, "epoch.log"), _copy(SNAPSHOT_TEXT, host, "q.txt")],
+                   tmp_path / "out-epoch", write_parquet=True)
+    q1 = _sample_checks(epoch)
+    tai = _audit(spark, [_copy(TAI64N, tmp_path / "mx2", "tai.log")], tmp_path / "out-tai")
+    q2 = _sample_checks(tai)
+    for key, value in q1.items():
+        assert q2[key] == pytest.approx(value, rel=1e-12, abs=1e-6), key
+    # the zoverall definitions, recomputed from the m and d lines independently
+    assert q1["recipients"] == 393 and q1["attempts_for_completed"] == 411
+    out = tmp_path / "out-epoch"
+    text = (out / "zoverall.txt").read_text()
+    assert "Completed messages: 312\n" in text and "  deferral: 81\n" in text
+    # the 21 still-queued messages are exactly the 21 in the notqmail snapshot
+    import pyarrow.parquet as pq
+    tr = pq.read_table(str(out / "transitions.parquet")).to_pylist()
+    seen = [t for t in tr if t["event"] == "snapshot"]
+    assert len(seen) == 21 and all(t["legal"] for t in seen)
+    assert all(t["legal"] for t in tr)
+    findings = pq.read_table(str(out / "findings.parquet")).to_pylist()
+    assert sorted(f["kind"] for f in findings) == ["never-ended"] * 21
+    html = (out / "report.html").read_text()
+    assert html.count("<svg") == 4 and "No violation found." in html
+    assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    summary = json.loads((out / "summaries.json").read_text())
+    assert summary["messages"]["numbers"] == 260
+
+
+ALL = {kind: 2 for kind in synthetic.LOG_DEFECTS + synthetic.SNAPSHOT_DEFECTS}
+
+
+def _check_expected(result, expect):
+    s = result.summary
+    assert s["log"]["by_kind"] == expect.lines
+    m = s["messages"]
+    assert m["messages"] == expect.messages
+    assert m["numbers"] == len(expect.numbers)
+    assert m["ended"] == expect.ended
+    assert m["bounces"] == expect.bounces
+    q = s["qmailanalog"]
+    for key, value in expect.qmailanalog().items():
+        assert q[key] == pytest.approx(value, rel=1e-9, abs=1e-5), key
+    assert result.findings_by_kind == expect.findings
+
+
+def test_generated_defects_of_every_kind_are_found_exactly(spark, tmp_path):
+    log = tmp_path / "mx1" / "current"
+    log.parent.mkdir()
+    snap = tmp_path / "mx1.snapshot"
+    expect = synthetic.generate(str(log), messages=400, seed=7, style="journald",
+                                defects=ALL, snapshot_path=str(snap))
+    # the snapshot names its host itself; the journald lines carry it too
+    result = _audit(spark, [log, snap], tmp_path / "out", queuelifetime=synthetic.LIFETIME,
+                    lifetime_slack=synthetic.SLACK)
+    _check_expected(result, expect)
+    assert set(result.findings_by_kind) >= {"illegal-transition", "delivery-after-end",
+                                            "duplicate-delivery", "failure-not-bounced",
+                                            "past-lifetime", "vanished", "stale-leftover",
+                                            "files-disagree", "never-ended", "unlogged"}
+    assert result.violations == sum(v for k, v in expect.findings.items()
+                                    if k not in ("never-ended", "unlogged"))
+    assert result.exit_code == 1
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "violation(s) found" in html
+
+
+def test_clean_logs_of_two_hosts_in_iso_and_tai64n_find_nothing(spark, tmp_path):
+    a = tmp_path / "a" / "log"
+    b = tmp_path / "b" / "log"
+    a.parent.mkdir()
+    b.parent.mkdir()
+    ea = synthetic.generate(str(a), messages=150, seed=1, style="iso", host="alpha")
+    eb = synthetic.generate(str(b), messages=120, seed=2, style="tai64n", host="beta")
+    result = _audit(spark, [a, b], tmp_path / "out",
+                    host_map=[(str(a.parent), "alpha"), (str(b.parent), "beta")])
+    assert result.exit_code == 0 and result.findings_by_kind == {}
+    hosts = {r["host"]: r for r in result.summary["per_host"]}
+    assert set(hosts) == {"alpha", "beta"}
+    assert hosts["alpha"]["messages"] == ea.messages
+    assert hosts["beta"]["messages"] == eb.messages
+    assert hosts["alpha"]["numbers"] == len(ea.numbers)
+    q = result.summary["qmailanalog"]
+    assert q["completed_messages"] == ea.ended + eb.ended
+    assert q["delivery_attempts"] == len(ea.d) + len(eb.d)
+
+
+def test_bad_input_is_counted_and_the_rest_audited(spark, tmp_path):
+    log = tmp_path / "mx1" / "current"
+    log.parent.mkdir()
+    snap = tmp_path / "mx1.snapshot"
+    expect = synthetic.generate(str(log), messages=200, seed=11, style="epoch",
+                                defects={"duplicate-delivery": 1, "stale-leftover": 1},
+                                snapshot_path=str(snap))
+    with open(log, "a") as f:
+        f.write("1795009999.000001 delivery 77: succ\n")          # cut short
+        f.write("1795009999.000002 new msg\n")                     # cut short
+        f.write("1795009999.000003 something qmail never says\n")  # unknown
+    torn = tmp_path / "torn.snapshot"
+    lines = snap.read_text().splitlines(True)
+    torn.write_text("".join(lines[:-1]))                            # no end record
+    corrupt = tmp_path / "corrupt.snapshot"
+    corrupt.write_text(lines[0] + '{"record": "message", "host": \n' + lines[-1])
+    missing = tmp_path / "no-such-log"
+    result = _audit(spark, [log, snap, torn, corrupt, missing], tmp_path / "out")
+    bad = {b["kind"]: b["count"] for b in result.bad_inputs}
+    assert bad == {"truncated-line": 2, "unknown-line": 1, "corrupt-snapshot": 2,
+                   "unreadable-path": 1}
+    assert result.exit_code == 2
+    # the good lines were audited all the same
+    assert result.summary["messages"]["messages"] == expect.messages
+    assert result.findings_by_kind["duplicate-delivery"] == 1
+    # the torn copy of the snapshot is still checked: its leftover is found twice
+    assert result.findings_by_kind["stale-leftover"] == 2
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "truncated-line" in html and "unreadable-path" in html
+
+
+def test_log_backend_segments_are_checked_record_by_record(spark, tmp_path):
+    logrecords = pytest.importorskip("qmailpy.backends.logrecords")
+    L = logrecords
+    seg = tmp_path / "mx3" / "0000000003.seg"
+    seg.parent.mkdir()
+    data = L.segment_header(3)
+    # message 5: a clean life; message 6: START after FINISH (illegal)
+    data += L.encode_envelope(1, 5, 0, 9, b"a@b", [b"c@d"])
+    data += L.encode_snapshot(L.PREPROCESSED, 2, 5, (3, 24), 1, 9, 0, 100, b"a@b", b"", (),
+                              {"remote": (2, [(False, b"c@d")])})
+    data += L.encode_start(3, 5, (3, 24), "remote")
+    data += L.encode_delivery(3, 5, "remote", 0, L.SUCCESS)
+    data += L.encode_finish(4, 5, (3, 24))
+    data += L.encode_envelope(5, 6, 0, 9, b"a@b", [b"c@d"])
+    data += L.encode_finish(6, 6, (3, 24))
+    data += L.encode_delivery(7, 6, "remote", 0, L.FAILURE)
+    broken = bytearray(L.encode_envelope(8, 7, 0, 9, b"a@b", [b"c@d"]))
+    broken[-1] ^= 1                                    # checksum no longer holds
+    data += bytes(broken) + L.encode_envelope(9, 8, 0, 9, b"x@y", [])
+    data += L.encode_envelope(10, 9, 0, 9, b"x@y", [])[:11]        # torn tail
+    seg.write_bytes(data)
+    result = _audit(spark, [seg], tmp_path / "out")
+    assert result.findings_by_kind == {"illegal-transition": 2, "segment-corrupt": 1,
+                                       "segment-torn": 1}
+    assert result.exit_code == 1
+    bad_header = tmp_path / "mx4" / "0000000001.seg"
+    bad_header.parent.mkdir()
+    bad_header.write_bytes(b"QMAILLOG" + b"\0" * 30)
+    result = _audit(spark, [bad_header], tmp_path / "out2")
+    assert [b["kind"] for b in result.bad_inputs] == ["unreadable-segment"]
+    assert result.exit_code == 2
+
+
+# --- a standalone cluster: master and one worker from the pyspark package -----------
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Daemon:
+    """A Spark daemon run by spark-class; its output lines arrive on a queue."""
+
+    def __init__(self, cls, args, env, log):
+        self.proc = subprocess.Popen(
+            [os.path.join(SPARK_HOME, "bin", "spark-class"), cls] + args, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        self.lines = queue.Queue()
+        self.log = log
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self.log.write(line)
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_for(self, marker, timeout=120):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError("no %r from the Spark daemon" % marker) from None
+            if line is None:
+                raise AssertionError("Spark daemon exited: %s" % self.proc.wait())
+            if marker in line:
+                return
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    env = dict(os.environ, SPARK_HOME=SPARK_HOME, SPARK_LOCAL_IP="127.0.0.1",
+               PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1",
+               SPARK_WORKER_DIR=str(tmp_path / "work"), SPARK_LOG_DIR=str(tmp_path / "logs"))
+    port, worker_port = _free_port(), _free_port()
+    daemons = []
+    with open(tmp_path / "daemons.log", "wb") as log:
+        try:
+            master = _Daemon("org.apache.spark.deploy.master.Master",
+                             ["--host", "127.0.0.1", "--port", str(port), "--webui-port", "0"],
+                             env, log)
+            daemons.append(master)
+            url = "spark://127.0.0.1:%d" % port
+            master.wait_for(b"Starting Spark master at " + url.encode())
+            worker = _Daemon("org.apache.spark.deploy.worker.Worker",
+                             ["--host", "127.0.0.1", "--port", str(worker_port),
+                              "--webui-port", "0", "--cores", "2", "--memory", "1g", url],
+                             env, log)
+            daemons.append(worker)
+            worker.wait_for(b"Successfully registered with master")
+            yield url, env
+        finally:
+            for daemon in daemons:
+                daemon.stop()
+
+
+def _cli(args, env):
+    return subprocess.run([os.path.join(BIN, "qmail-audit")] + args, capture_output=True,
+                          env=env, timeout=400)
+
+
+def test_cluster_gives_the_same_result_as_local_mode(spark, cluster, tmp_path):
+    url, env = cluster
+    log = tmp_path / "mx1" / "current"
+    log.parent.mkdir()
+    snap = tmp_path / "mx1.snapshot"
+    expect = synthetic.generate(str(log), messages=300, seed=5, style="tai64n", host="mx1",
+                                defects={"duplicate-delivery": 1, "never-ended": 2,
+                                         "stale-leftover": 1, "vanished": 1},
+                                snapshot_path=str(snap))
+    args = ["--host", "mx1=%s" % log.parent, str(log), str(snap)]
+    on_cluster = _cli(["--master", url, "--no-parquet", "--out", str(tmp_path / "c")] + args,
+                      env)
+    assert on_cluster.returncode == 1, on_cluster.stderr.decode()[-2000:]
+    assert b"report: " + str(tmp_path / "c" / "report.html").encode() in on_cluster.stdout
+    assert b"duplicate-delivery: 1" in on_cluster.stderr
+    local = _audit(spark, [log, snap], tmp_path / "l",
+                   host_map=[(str(log.parent), "mx1")])
+    c = json.loads((tmp_path / "c" / "summaries.json").read_text())
+    l_ = json.loads(json.dumps(local.summary, default=str))
+    for key in ("log", "messages", "deliveries", "qmailanalog", "per_domain", "per_host",
+                "per_hour", "delays"):
+        assert c[key] == l_[key], key
+    assert c["findings"]["by_kind"] == l_["findings"]["by_kind"] == expect.findings
+    assert c["messages"]["messages"] == expect.messages
+
+
+def test_command_line_errors_need_no_spark(tmp_path):
+    proc = _cli(["--host", "nonsense", "x"], os.environ)
+    assert proc.returncode == 2 and b"NAME=PATH" in proc.stderr
+    proc = _cli([], os.environ)
+    assert proc.returncode == 2
+
+
+# --- the real thing: qmailctl start, real deliveries, the home's own log and queue -----
+
+def _wait_log(path, predicate, timeout=60):
+    """Wait (inotify on the log directory) until predicate(text of the log) holds."""
+    from inotify_simple import INotify, flags
+    inotify = INotify()
+    inotify.add_watch(os.path.dirname(path), flags.MODIFY | flags.CREATE)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            text = open(path, errors="replace").read() if os.path.exists(path) else ""
+            if predicate(text):
+                return text
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError("log condition not met; log:\n" + text[-3000:])
+            inotify.read(timeout=int(left * 1000) + 1)
+    finally:
+        inotify.close()
+
+
+def test_real_daemons_log_and_queue_audit_clean(spark, qmail_home, tmp_path):
+    home = qmail_home
+    # remote mail to a port where nothing listens: deferred, left in the queue
+    home.control("smtproutes", "closed.example:127.0.0.1:1\n")
+    start = home.run(["qmailctl", "start", "--home", home.path])
+    assert start.returncode == 0, start.stderr
+    log = os.path.join(home.path, "log", "qmail-send.log")
+    try:
+        for i in range(3):
+            done = home.queue_message(b"Subject: %d\n\nhello\n" % i, b"a@test.example",
+                                      [b"r%d@closed.example" % i])
+            assert done.returncode == 0, done.stderr
+        _wait_log(log, lambda text: text.count(": deferral: ") >= 3)
+    finally:
+        stop = home.run(["qmailctl", "stop", "--home", home.path])
+    assert stop.returncode == 0, stop.stderr
+    _wait_log(log, lambda text: "status: exiting" in text)
+    result = _audit(spark, [home.path, log], tmp_path / "out",
+                    host_map=[(os.path.dirname(log), socket.gethostname())])
+    assert result.bad_inputs == []
+    s = result.summary
+    assert s["messages"]["messages"] == 3 and s["messages"]["not_ended"] == 3
+    assert s["deliveries"]["by_channel"]["remote"]["deferral"] >= 3
+    # all three still queued: in the snapshot, hence noticed but no violation
+    assert result.findings_by_kind == {"never-ended": 3}
+    assert result.exit_code == 0
