@@ -57,14 +57,19 @@ def report(wstat, output):
     return letter + (output if nul < 0 else output[:nul])
 
 
-def _become(recipient):
-    """Switch to the recipient's account; an exit status on refusal, else None."""
+def _become(recipient, queue_owner=None):
+    """Switch to the recipient's account; an exit status on refusal, else None.
+
+    As root the child keeps queue_owner (qmailq's uid) as its saved set-user-ID, so
+    that a forward can queue as qmailq, as qmail-local does through the setuid
+    qmail-queue; a |program is exec'd and so loses it."""
     if recipient.uid == 0:
         return QLX_ROOT
     if os.geteuid() == 0:
         from qmailpy import privs
         try:
-            privs.switch_to(recipient.uid, recipient.gid)
+            privs.switch_to(recipient.uid, recipient.gid,
+                            saved_uid=None if queue_owner == recipient.uid else queue_owner)
         except privs.PrivError:
             return QLX_USAGE            # qmail: prot_gid/prot_uid failure
         return QLX_ROOT if os.getuid() == 0 else None
@@ -75,7 +80,7 @@ def _become(recipient):
     return None
 
 
-def deliver_one(home, aliasempty, sender, recipient):
+def deliver_one(home, aliasempty, sender, recipient, queue_owner=None):
     """The body of one delivery child; returns its exit status."""
     # The parent's signal wakeup fd number may be reused by a file we open.
     signal.set_wakeup_fd(-1)
@@ -91,7 +96,7 @@ def deliver_one(home, aliasempty, sender, recipient):
         found = users.lookup(home, local)
     except users.LookupFailure as e:
         return e.code
-    refused = _become(found)
+    refused = _become(found, queue_owner)
     if refused is not None:
         return refused
     return local_deliver.deliver(found.user, found.home, local, found.dash, found.ext,
@@ -133,6 +138,6 @@ def run(home, aliasempty, infd=0, outfd=1):
         return 111
 
     def run_delivery(sender, recipient):
-        return deliver_one(home, aliasempty, sender, recipient)
+        return deliver_one(home, aliasempty, sender, recipient, owner)
 
     return spawn.serve(run_delivery, report, expected_owner=owner, infd=infd, outfd=outfd)

@@ -4,9 +4,12 @@
     qmail-lspawn DD    fd 0 <- send fd 1, fd 1 -> send fd 2    (stays root)
     qmail-rspawn       fd 0 <- send fd 3, fd 1 -> send fd 4    (role qmailr)
     qmail-clean        fd 0 <- send fd 5, fd 1 -> send fd 6    (role qmailq)
-    qmail-send         fd 0 = log, 1..6 as above               (role qmails; this process)
+    qmail-send         fd 0 = log, 1..6 as above               (this process; qmail-send itself
+                                                                becomes qmails, keeping qmailq's
+                                                                uid saved for its bounces)
 
-Started as root each daemon becomes its role's account (qmailpy.privs);
+Started as root each daemon becomes its role's account (qmailpy.privs;
+qmail-send switches itself, after the exec, see qmailpy.cli.qmail_send);
 started as anyone else nobody switches. Programs are found through PATH and
 inherit the environment. qmail-start ends by exec'ing qmail-send, so its pid
 is qmail-send's.
@@ -96,7 +99,6 @@ def start(home, defaultdelivery=DEFAULT_DELIVERY, logger=()):
     _child(home, "qmailr", ((0, p3r), (1, p4w)), ["qmail-rspawn"])
     _child(home, "qmailq", ((0, p5r), (1, p6w)), ["qmail-clean"])
     try:
-        privs.become(home, "qmails")
         os.dup2(1, 0)
         for target, source in ((1, p1w), (2, p2r), (3, p3w), (4, p4r), (5, p5w), (6, p6r)):
             os.dup2(source, target)

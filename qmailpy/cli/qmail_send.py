@@ -2,12 +2,31 @@
 import sys
 
 
+def _drop_root(home):
+    """Started as root (qmail-start does that): run as qmails from here on.
+
+    qmailq's uid stays the saved set-user-ID, so that bounces, queued by
+    qmail-queue's code in a forked child, are written as qmailq; qmail-start
+    cannot do this switch for us, because its exec would drop the saved uid."""
+    import os
+    if os.geteuid() != 0:
+        return
+    from qmailpy import privs
+    from qmailpy.send.loop import StartError
+    try:
+        privs.become(home, "qmails", keep="qmailq")
+    except privs.PrivError as e:
+        raise StartError("unable to switch to qmails: %s" % e) from e
+
+
 def main(argv=None):
     from qmailpy import logline
     from qmailpy.home import qmail_home
     from qmailpy.send.loop import QmailSend, StartError
-    send = QmailSend(qmail_home())
+    home = qmail_home()
+    send = QmailSend(home)
     try:
+        _drop_root(home)
         send.start()
     except StartError as e:
         send.log(logline.alert("cannot start: %s" % e))
