@@ -84,6 +84,18 @@ def test_size_parameter_over_databytes_is_refused_at_mail(qmail_home):
         assert s.command(b"MAIL FROM:<a@b.example> BODY=8BITMIME SIZE=1000\r\n") == b"250 ok\r\n"
 
 
+def test_refused_size_ends_the_open_transaction_of_a_pipelining_client(qmail_home):
+    qmail_home.control("databytes", "1000")
+    with session(qmail_home) as s:
+        s.send(b"MAIL FROM:<a@b.example>\r\nRCPT TO:<one@test.example>\r\n"
+               b"MAIL FROM:<b@b.example> SIZE=5000\r\nRCPT TO:<two@test.example>\r\nDATA\r\n")
+        assert [s.reply() for _ in range(5)] == [b"250 ok\r\n", b"250 ok\r\n",
+                                b"552 sorry, that message size exceeds my databytes limit (#5.3.4)\r\n",
+                                b"503 MAIL first (#5.5.1)\r\n", b"503 MAIL first (#5.5.1)\r\n"]
+        assert s.command(b"QUIT\r\n").startswith(b"221 ")
+    assert queued(qmail_home) == []
+
+
 @pytest.mark.parametrize("line, reply", [
     (b"RSET\r\n", b"250 flushed\r\n"),
     (b"NOOP\r\n", b"250 ok\r\n"),
@@ -253,12 +265,21 @@ def test_queue_failure_text_is_relayed(qmail_home):
             b"451 mail server temporarily rejected message (#4.3.0)\r\n")
 
 
-def test_systemd_socket_activation_environment_is_mapped_to_tcpserver_names(qmail_home):
+@pytest.mark.parametrize("family", ["ipv4", "dual-stack"])
+def test_systemd_socket_activation_environment_is_mapped_to_tcpserver_names(qmail_home, family):
     import socket
     import subprocess
     from test_smtpd_support import TIMEOUT
-    server = socket.create_server(("127.0.0.1", 0))
-    client = socket.create_connection(server.getsockname(), timeout=TIMEOUT)
+    if family == "ipv4":
+        server = socket.create_server(("127.0.0.1", 0))
+    else:                               # what ListenStream=25 makes: IPv4 clients arrive as ::ffff:a.b.c.d
+        if not socket.has_dualstack_ipv6():
+            pytest.skip("no dual-stack IPv6 here")
+        try:
+            server = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+        except OSError as e:
+            pytest.skip("no IPv6 socket: %s" % e)
+    client = socket.create_connection(("127.0.0.1", server.getsockname()[1]), timeout=TIMEOUT)
     conn, peer = server.accept()
     server.close()
     env = {k: v for k, v in qmail_home.env.items()

@@ -215,6 +215,10 @@ class Session:
             return
         size = size_parameter(rest)
         if size is not None and self.cfg.databytes and size > self.cfg.databytes:
+            # A refused MAIL ends the open transaction: a pipelining client's next
+            # RCPTs and DATA must not join the previous envelope.
+            self.seenmail = False
+            self.rcpt = []
             self.out += R_SIZE
             return
         self.flagbarf = badmailfrom(addr, self.cfg.badmailfrom)

@@ -7,6 +7,14 @@ TCPREMOTEIP and friends, which are derived here when PROTO is not set.
 import socket
 
 
+def unmapped(ip):
+    """An IPv4 client of a dual-stack socket (ListenStream=25) as tcpserver names it:
+    ::ffff:192.0.2.7 -> 192.0.2.7."""
+    if ip.lower().startswith("::ffff:") and "." in ip:
+        return ip[7:]
+    return ip
+
+
 def complete(environ, fd=0):
     """Fill in PROTO and TCP* from systemd's variables and the socket on fd."""
     if "PROTO" in environ:
@@ -23,10 +31,13 @@ def complete(environ, fd=0):
             return environ
         if sock.family not in (socket.AF_INET, socket.AF_INET6):
             return environ
-        environ["PROTO"] = "TCP6" if sock.family == socket.AF_INET6 else "TCP"
-        environ.setdefault("TCPREMOTEIP", environ.get("REMOTE_ADDR", remote[0]))
+        remote_ip = unmapped(environ.get("REMOTE_ADDR", remote[0]))
+        local_ip = unmapped(local[0])
+        ipv6 = sock.family == socket.AF_INET6 and ":" in remote_ip
+        environ["PROTO"] = "TCP6" if ipv6 else "TCP"
+        environ.setdefault("TCPREMOTEIP", remote_ip)
         environ.setdefault("TCPREMOTEPORT", environ.get("REMOTE_PORT", str(remote[1])))
-        environ.setdefault("TCPLOCALIP", local[0])
+        environ.setdefault("TCPLOCALIP", local_ip)
         environ.setdefault("TCPLOCALPORT", str(local[1]))
     finally:
         sock.detach()
