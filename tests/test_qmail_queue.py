@@ -188,11 +188,14 @@ def _chmod(path, mode):
     ("mess", 64, None),
     ("intd", 65, states.S2),
     ("todo", 66, states.S3),
+    ("backend", 55, None),
 ])
 def test_queue_directory_trouble(qmail_home, breakage, code, left):
     q = qmail_home.queue
     env = qmail_home.env
-    if breakage == "nohome":
+    if breakage == "backend":
+        qmail_home.control("queuebackend", "tape\n")
+    elif breakage == "nohome":
         env = dict(env, QMAILHOME=os.path.join(qmail_home.path, "nonexistent"))
     elif breakage == "noqueue":
         shutil.rmtree(q)
@@ -323,7 +326,7 @@ def test_syscall_order_with_directory_fsyncs(qmail_home, tmp_path):
     # Message and envelope both arrive through pipes.
     env_r, env_w = os.pipe()
     proc = subprocess.Popen(["strace", "-f", "-qq", "-o", str(log), "-e",
-                             "trace=openat,link,unlink,fsync", "qmail-queue"],
+                             "trace=openat,link,unlink,fsync,alarm,setitimer", "qmail-queue"],
                             stdin=subprocess.PIPE, stdout=env_r, env=qmail_home.env)
     os.close(env_r)
     proc.stdin.write(b"m\n")
@@ -349,7 +352,13 @@ def test_syscall_order_with_directory_fsyncs(qmail_home, tmp_path):
         m = re.search(r"fsync\((\d+)\)\s+= 0", line)
         if m and m.group(1) in fds:
             steps.append("fsync " + re.sub(r"\d+", "N", fds[m.group(1)]))
+            continue
+        m = re.search(r"alarm\((\d+)\)|setitimer\(ITIMER_REAL, \{it_interval=\{tv_sec=0, tv_usec=0\}, "
+                      r"it_value=\{tv_sec=(\d+),", line)
+        if m:
+            steps.append("alarm %s" % (m.group(1) or m.group(2)))
     assert steps == [
+        "alarm 86400",                      # the 24-hour self-timer, before any file is touched
         "open pid/N.N.N", "link pid/N.N.N mess/N/N", "unlink pid/N.N.N",
         "fsync pid/N.N.N", "open mess/N", "fsync mess/N",
         "open intd/N", "fsync intd/N", "link intd/N todo/N", "open todo", "fsync todo",
@@ -400,6 +409,23 @@ def test_client_queues_in_a_forked_child(qmail_home):
         b"Received: (qmail %d invoked " % pid)
     todo = [f for f in queue_files(qmail_home) if f.startswith("todo/")][0]
     assert b"\0p%d\0" % pid in open(os.path.join(qmail_home.queue, todo), "rb").read()
+
+
+def test_client_starts_no_program_without_qmailqueue(qmail_home):
+    """sendmail, qmail-smtpd, bounces and forwards queue through QueueClient: with
+    QMAILQUEUE unset it must not exec anything (no interpreter start per message)."""
+    def go():
+        def refuse(*args, **kwargs):
+            raise OSError(1, "exec refused by the test")
+        for name in ("execv", "execve", "execvp", "execvpe", "execl", "execlp", "posix_spawn",
+                     "posix_spawnp"):
+            setattr(os, name, refuse)
+        qq = QueueClient(qmail_home.path, environ={})
+        qq.write(b"no exec\n")
+        res = qq.finish(b"a@b", [b"c@d"])
+        return (res.code, res.ok)
+    assert _in_home(qmail_home, go) == (0, True)
+    assert [m.recipients for m in queued(qmail_home)] == [[b"c@d"]]
 
 
 def test_client_reports_envelope_trouble(qmail_home):
