@@ -181,6 +181,10 @@ def send_side(backend_name, messages):
                 backend.checkpoint(force=True)       # FINISHed bodies go here
         finally:
             os.fsync = real_fsync
+        if clean is not None:                        # let qmail-clean finish the last async foop
+            clean.stdin.close()
+            clean.wait()
+            clean = None
         elapsed = time.perf_counter() - t
         left = sum(len(os.listdir(os.path.join(home, "queue", "mess", str(s)))) for s in range(23))
         assert left == 0, left
