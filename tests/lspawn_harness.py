@@ -6,6 +6,7 @@ home uses), writes .qmail files and mess files, and runs qmail-lspawn with
 real commands on its fd 0, returning the replies it wrote on fd 1.
 """
 import os
+import shutil
 import subprocess
 
 from qmailpy import spawn
@@ -83,10 +84,13 @@ class LocalUsers:
     def command(self, slot, mess, sender, recipient):
         return spawn.encode_command(slot, mess, sender, recipient)
 
-    def start(self, commands, defaultdelivery="./Maildir/"):
-        """qmail-lspawn running with the commands written and its fd 0 closed."""
-        proc = subprocess.Popen(["qmail-lspawn", defaultdelivery], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.qh.env)
+    def start(self, commands, defaultdelivery="./Maildir/", env=None):
+        """qmail-lspawn running with the commands written and its fd 0 closed.
+
+        The program is found on the home's PATH, so env may name any PATH."""
+        program = shutil.which("qmail-lspawn", path=self.qh.env["PATH"])
+        proc = subprocess.Popen([program, defaultdelivery], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env or self.qh.env)
         proc.stdin.write(b"".join(commands))
         proc.stdin.close()
         proc.stdin = None               # closed: communicate() must not flush it

@@ -79,17 +79,21 @@ class ScriptedPeer:
     """A one-connection-at-a-time raw SMTP peer playing `script` for each connection.
 
     Steps: ("send", bytes) writes; ("line",) reads one line; ("data",) reads up
-    to and including CRLF.CRLF; ("hang",) waits until the client goes away;
-    ("close",) closes. Everything received is in .received (one bytes per
-    connection), .done is set after each connection ends."""
+    to and including CRLF.CRLF; ("read", n) reads at least n more bytes;
+    ("hang",) waits until the client goes away; ("close",) closes (with unread
+    bytes pending, the client gets a reset). rcvbuf sets SO_RCVBUF, to bound
+    what the client can have in flight. Everything received is in .received
+    (one bytes per connection), .done is set after each connection ends."""
 
-    def __init__(self, script, host="127.0.0.1", port=0, backlog=8):
+    def __init__(self, script, host="127.0.0.1", port=0, backlog=8, rcvbuf=None):
         self.script = script
         self.received = []
         self.connections = 0
         self.done = threading.Event()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if rcvbuf is not None:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.bind((host, port))
         self.sock.listen(backlog)
         self.host = host
@@ -140,6 +144,13 @@ class ScriptedPeer:
             elif kind == "data":
                 if not self._read_until(conn, got, b"\r\n.\r\n"):
                     return
+            elif kind == "read":
+                target = len(got) + step[1]
+                while len(got) < target:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    got += data
             elif kind == "hang":
                 while True:
                     data = conn.recv(65536)

@@ -1,5 +1,6 @@
 """End to end through qmail-start with the real qmail-lspawn and qmail-local:
 what a user sees in Maildirs, mboxes and qmail-send's log."""
+import fcntl
 import os
 import re
 
@@ -7,7 +8,7 @@ import pytest
 from inotify_simple import INotify, flags
 
 from lspawn_harness import LocalUsers
-from send_harness import Daemons, wait_mess_gone
+from send_harness import Daemons, shared_dir, wait_mess_gone
 
 pytestmark = pytest.mark.both_backends
 
@@ -167,3 +168,40 @@ def test_mbox_with_two_writers_at_once(qmail_home, users, daemons):
     for entry in entries:
         assert b"\nReturn-Path: <joe@far.example>\nDelivered-To: bench-box@test.example\n" in entry
         assert b"\n>From here\n>>From there\nend" in entry
+
+
+def in_flight(lines):
+    """The most deliveries ever started and not yet reported, from the log alone."""
+    running = peak = 0
+    for line in lines:
+        if line.startswith("starting delivery "):
+            running += 1
+            peak = max(peak, running)
+        elif re.match(r"delivery \d+: ", line):
+            running -= 1
+    return peak
+
+
+def test_concurrencylocal_bounds_deliveries_in_flight(qmail_home, users, daemons):
+    qmail_home.control("concurrencylocal", "2\n")
+    gate = os.path.join(shared_dir(qmail_home, "work"), "gate")
+    bench = users.add("bench")
+    users.add("bench-", home=bench, dash="-", wildcard=True)
+    # each delivery blocks until the test lets go of its exclusive lock on the gate
+    users.dotqmail(bench, "-slow-default", "|flock -s %s true\n" % gate)
+    with open(gate, "wb") as held:
+        os.chmod(gate, 0o644)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        daemons.start()
+        assert daemons.wait_line(r"^status: ")[0] == "status: local 0/2 remote 0/20"
+        queue(qmail_home, b"joe@far.example", [b"bench-slow-%d@test.example" % i for i in range(10)])
+        lines = daemons.wait_line(r"^status: local 2/2 remote 0/20$")
+        assert sum(1 for l in lines if l.startswith("starting delivery ")) == 2
+        fcntl.flock(held, fcntl.LOCK_UN)
+    lines = daemons.wait_line(r"^end msg ")
+    assert sum(1 for l in lines if re.fullmatch(r"delivery \d+: success: did_0\+0\+1/", l)) == 10
+    statuses = [re.match(r"status: local (\d+)/(\d+) remote 0/20$", l) for l in lines
+                if l.startswith("status:")]
+    assert all(statuses) and {m.group(2) for m in statuses} == {"2"}
+    assert max(int(m.group(1)) for m in statuses) == 2
+    assert in_flight(lines) == 2

@@ -1,6 +1,7 @@
 """qmail-lspawn through its real pipe protocol: lookups, privileges, K/Z/D replies (spec §8.1)."""
 import os
 
+import psutil
 import pytest
 
 from lspawn_harness import AS_ROOT, LocalUsers, maildir_files
@@ -91,6 +92,27 @@ def test_delivered_to_loop(users):
     fine = b"Delivered-To: alice@other.example\nSubject: x\n\nDelivered-To: alice@test.example\n"
     assert users.deliver(b"alice@test.example", fine) == (b"K", b"did 1+0+0\n")
     assert len(maildir_files(os.path.join(home, "Maildir"))) == 1
+
+
+def test_no_program_is_executed_per_delivery(users):
+    """The delivery runs in a forked child of qmail-lspawn that execs nothing: with no
+    qmail-local on PATH it still delivers, and the process running the .qmail program's
+    shell is qmail-lspawn's child with qmail-lspawn's own command line."""
+    home = users.add("ivan")
+    users.dotqmail(home, "", "./Maildir/\n|/bin/cat /proc/$PPID/cmdline > cmdline; "
+                             "/bin/cat /proc/$PPID/stat > stat\n")
+    env = dict(users.qh.env, PATH="/nonexistent")
+    proc = users.start([users.command(0, users.mess(MESSAGE), b"joe@example.org", b"ivan@test.example")],
+                       env=env)
+    lspawn_cmdline = psutil.Process(proc.pid).cmdline()
+    assert users.finish(proc) == {0: (b"K", b"did 1+0+1\n")}
+    assert len(maildir_files(os.path.join(home, "Maildir"))) == 1
+    with open(os.path.join(home, "cmdline"), "rb") as f:
+        assert f.read().split(b"\0")[:-1] == [arg.encode() for arg in lspawn_cmdline]
+    with open(os.path.join(home, "stat"), "rb") as f:
+        child_stat = f.read()
+    ppid = int(child_stat[child_stat.rindex(b")") + 2:].split()[1])
+    assert ppid == proc.pid
 
 
 def test_unreadable_dotqmail_is_temporary(users):

@@ -169,12 +169,39 @@ def test_peer_drops_before_data_reply(qmail_home):
     assert records == [b"r", b"ZConnected to 127.0.0.1 but connection died. (#4.4.2)\n"]
 
 
-def test_peer_drops_mid_data_possible_duplicate(qmail_home):
+def test_peer_drops_after_the_final_dot_possible_duplicate(qmail_home):
     script = _until_data(b"354 go\r\n") + [("data",), ("close",)]
     with ScriptedPeer(script) as peer:
         route(qmail_home, "x.test", peer.port)
         _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
     assert records == [b"r", b"ZConnected to 127.0.0.1 but connection died. Possible duplicate! (#4.4.2)\n"]
+
+
+def test_peer_hangs_after_the_final_dot_possible_duplicate(qmail_home):
+    qmail_home.control("timeoutremote", "1\n")
+    script = _until_data(b"354 go\r\n") + [("data",), ("hang",)]
+    with ScriptedPeer(script) as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
+        assert peer.done.wait(30)
+    assert records == [b"r", b"ZConnected to 127.0.0.1 but connection died. Possible duplicate! (#4.4.2)\n"]
+    assert peer.received[0].endswith(b"\r\n.\r\n")
+
+
+def test_peer_drops_mid_data_plain_deferral(qmail_home):
+    """The peer reads half the body and closes: it never saw the dot, so no duplicate.
+
+    The body is one 16 MB line, so all of it goes out in the same write as the
+    final dot; the peer's small receive buffer keeps most of it unsent."""
+    size = 16 << 20
+    script = _until_data(b"354 go\r\n") + [("read", size // 4), ("close",)]
+    with ScriptedPeer(script, rcvbuf=65536) as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test",
+                                  message=b"Subject: long\n\n" + b"x" * size + b"\n")
+        assert peer.done.wait(30)
+    assert records == [b"r", b"ZConnected to 127.0.0.1 but connection died. (#4.4.2)\n"]
+    assert b"\r\n.\r\n" not in peer.received[0]
 
 
 def test_partial_final_line_drops_connection_mid_data(qmail_home):

@@ -184,14 +184,21 @@ def test_deferral_schedule_alarm_and_restart(qmail_home, daemons):
     assert daemons.lines()[-1] == "status: exiting"
     mtime = int(os.stat(remote).st_mtime)
     assert mtime >= birth + 400 and os.stat(remote).st_atime == mtime
-    # a restart honours the saved schedule: nothing is attempted until SIGALRM
+    # a restart honours the saved schedule: nothing is attempted until SIGALRM. A new
+    # message's whole life (its passes run with the deferred one's) shows the loop has
+    # looked at the schedule more than once by then.
     again = Daemons(qmail_home, fake=True)
     again.start()
     try:
         start = again.offset_of_start
         again.wait_started()
+        queue(qmail_home, b"joe@test.example", [b"bob@test.example"])
+        again.wait_for(lambda lines: any(l.startswith("end msg ") for l in lines[start:]),
+                       what="the new message's end msg")
+        assert not any(l.startswith("starting delivery") and "defer-1@far.example" in l
+                       for l in again.lines()[start:])
         again.signal(signal.SIGALRM)
-        again.wait_line(r"^starting delivery 1: msg %d to remote defer-1@far.example$" % n)
+        again.wait_line(r"^starting delivery \d+: msg %d to remote defer-1@far.example$" % n)
         assert not any("done@far.example" in l for l in again.lines()[start:])
     finally:
         again.kill()
@@ -217,13 +224,26 @@ def test_mangled_report_and_garbage_in_queue_files(qmail_home, daemons):
     again = Daemons(qmail_home, fake=True)
     again.start()
     try:
-        again.wait_line(r"^warning: unknown record type in todo/%s$" % todo[0])
+        start = again.offset_of_start
+        lines = again.wait_line(r"^warning: unknown record type in todo/%s$" % todo[0])[start:]
+        # as in qmail, `new msg` (and `info msg`: the junk follows the sender) come
+        # before the warning, while the entry is being read
+        warned = lines.index("warning: unknown record type in todo/%s" % todo[0])
+        assert lines[warned - 2] == "new msg %s" % todo[0]
+        assert re.match(r"info msg %s: bytes \d+ from <joe@test.example> qp \d+ uid \d+$" % todo[0],
+                        lines[warned - 1])
         again.signal(signal.SIGALRM)
         again.wait_line(r"^warning: unknown record type in remote/%d/%d!$" % (n % 23, n))
         # the daemon lives on: a good message still goes through
         queue(qmail_home, b"joe@test.example", [b"carol@test.example"])
         again.wait_line(r"^starting delivery \d+: msg \d+ to local carol@test.example$")
         again.wait_line(r"^end msg ")
+        # carol's trigger rescanned todo/: the garbage entry is announced again
+        lines = again.lines()[start:]
+        assert lines.count("warning: unknown record type in todo/%s" % todo[0]) == 2
+        assert lines.count("new msg %s" % todo[0]) == 2
+        second = [i for i, l in enumerate(lines) if l == "new msg %s" % todo[0]][1]
+        assert "warning: unknown record type in todo/%s" % todo[0] in lines[second:]
         assert again.daemons().keys() >= {"qmail-send", "qmail-clean"}
         assert os.path.exists(os.path.join(qmail_home.queue, "todo", todo[0]))
         assert again.stop() == 0

@@ -72,6 +72,28 @@ class QueueBackend(ABC):
 
         Returns Preprocessed. Afterwards the message is in S5 (spec §2.2)."""
 
+    def preprocess_batch(self, numbers, route, announce=None):
+        """preprocess() for several messages: [(n, Preprocessed or QueueError)].
+
+        announce(line), when given, receives qmail-send's `new msg` and `info msg`
+        log lines. qmail writes them while it preprocesses, before todo/ is
+        cleaned (spec §2.2); a backend that can do the same overrides this. This
+        default announces a message once preprocess() has succeeded."""
+        from qmailpy import logline
+        results = []
+        for n in numbers:
+            try:
+                p = self.preprocess(n, route)
+            except QueueError as e:
+                results.append((n, e))
+                continue
+            if announce is not None:
+                announce(logline.new_msg(n))
+                if p.sender is not None:
+                    announce(logline.info_msg(n, p.size, p.sender, p.qp, p.uid))
+            results.append((n, p))
+        return results
+
     # -- qmail-send: deliveries -------------------------------------------
     @abstractmethod
     def message_path(self, n):

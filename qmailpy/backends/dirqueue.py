@@ -13,7 +13,7 @@ import errno
 import os
 import time
 
-from qmailpy import envelope
+from qmailpy import envelope, logline
 from qmailpy.backends.base import RECHECK, Preprocessed, QueueBackend, QueueError, Scheduled
 from qmailpy.layout import SPLIT, is_number
 
@@ -145,23 +145,25 @@ class DirQueue(QueueBackend):
             raise QueueError("unable to opendir todo: %s" % e.strerror)
         return [int(name) for name in names if is_number(name)]
 
-    def preprocess(self, n, route):
-        prepared = self._prepare(n, route)
+    def preprocess(self, n, route, announce=None):
+        prepared = self._prepare(n, route, announce)
         self._commit(prepared)
+        self._sync_dirs([prepared])
         return self._clean_todo(prepared)
 
-    def preprocess_batch(self, numbers, route):
+    def preprocess_batch(self, numbers, route, announce=None):
         """preprocess() for several messages at once: [(n, Preprocessed or QueueError)].
 
         Every file is written first and fsync'd afterwards, so one journal commit
         covers them all; then the todo/ requests go to qmail-clean in one write.
         Each message still has its info and channel files on disk before its todo
-        entry goes (spec §2.2). CleanerLost propagates."""
+        entry goes (spec §2.2). announce gets `new msg` and `info msg` where qmail
+        logs them (see _prepare). CleanerLost propagates."""
         results = []
         ready = []
         for n in numbers:
             try:
-                ready.append(self._prepare(n, route))
+                ready.append(self._prepare(n, route, announce))
             except QueueError as e:
                 results.append((n, e))
         committed = []
@@ -171,6 +173,11 @@ class DirQueue(QueueBackend):
                 committed.append(prepared)
             except QueueError as e:
                 results.append((prepared[0].n, e))
+        try:
+            self._sync_dirs(committed)
+        except QueueError as e:
+            results.extend((p[0].n, e) for p in committed)
+            committed = []
         if committed:
             names = [self._rel("todo", p[0].n) for p in committed]
             if self.cleaner is None:
@@ -191,6 +198,26 @@ class DirQueue(QueueBackend):
         if self._clean(todo_rel) != b"+":
             raise QueueError("qmail-clean unable to clean up %s" % todo_rel)
         return prepared[0]
+
+    def _sync_dirs(self, committed):
+        """fsync the info/, local/ and remote/ split directories that got new entries.
+
+        Beyond qmail, as qmail-queue does (syncdir): once todo/n is gone, info/S/n is
+        the message's only envelope, and ext4/xfs keep a new directory entry across a
+        power cut only after an fsync of its directory."""
+        dirs = set()
+        for result, _ in committed:
+            dirs.add(os.path.dirname(self._rel("info", result.n)))
+            dirs.update(os.path.dirname(self._rel(channel, result.n)) for channel in result.channels)
+        for rel in sorted(dirs):
+            try:
+                fd = os.open(self._path(rel), os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError:
+                raise QueueError("trouble fsyncing %s" % rel)
 
     def _commit(self, prepared):
         """fsync and close the files _prepare wrote: info first, then each channel file."""
@@ -232,8 +259,13 @@ class DirQueue(QueueBackend):
                 raise QueueError("unable to unlink %s" % rel)
         return os.open(self._path(info_rel), flags, 0o600)
 
-    def _prepare(self, n, route):
-        """Steps of preprocessing up to (not including) the fsyncs: (Preprocessed, open fds)."""
+    def _prepare(self, n, route, announce=None):
+        """Steps of preprocessing up to (not including) the fsyncs: (Preprocessed, open fds).
+
+        As in qmail, `new msg` is announced once info/ is created and `info msg`
+        when the sender record is written, so a todo entry that fails later (a
+        garbage record, an fsync or qmail-clean error) has its `new msg` logged
+        before the warning, on every attempt."""
         todo_rel = self._rel("todo", n)
         info_rel = self._rel("info", n)
         try:
@@ -263,6 +295,8 @@ class DirQueue(QueueBackend):
                 fds["info"] = self._create_info(n, info_rel)
             except OSError:
                 raise QueueError("unable to create %s" % info_rel)
+            if announce is not None:
+                announce(logline.new_msg(n))
             uid = pid = 0
             sender = None
             info_data = bytearray()
@@ -276,6 +310,8 @@ class DirQueue(QueueBackend):
                 elif kind == b"F":
                     sender = record[1:]
                     info_data += record + b"\0"
+                    if announce is not None:
+                        announce(logline.info_msg(n, size, sender, pid, uid))
                 elif kind == b"T":
                     channel, address = route(record[1:])
                     if channel not in chan_data:

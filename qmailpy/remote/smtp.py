@@ -55,10 +55,12 @@ def body_chunks(fd, chunk=READ_CHUNK):
             raise ReadError(str(e)) from e
         if not data:
             break
+        # Only the new bytes and a CR kept back can end a line: a long line is not rescanned.
+        start = max(len(carry) - 1, 0)
         carry += data
         # A final CR may be the first half of a CRLF: keep it for the next read.
         limit = len(carry) - 1 if carry[-1] == 0x0D else len(carry)
-        cut = max(carry.rfind(b"\n", 0, limit), carry.rfind(b"\r", 0, limit))
+        cut = max(carry.rfind(b"\n", start, limit), carry.rfind(b"\r", start, limit))
         if cut < 0:
             continue
         segment = bytes(carry[:cut + 1])
@@ -218,8 +220,10 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records):
                 return b"DSMTP cannot transfer messages with partial final lines. (#5.6.2)\n"
             except ReadError:
                 return b"ZUnable to read message. (#4.3.0)\n"
-            critical[0] = True
             conn.write((pending or b"") + b".\r\n")
+            # Only once the final dot is out can the peer have taken the message: a
+            # failure while the body is still going out cannot cause a duplicate.
+            critical[0] = True
             code = conn.reply()
             critical[0] = False
             if code >= 500:

@@ -552,15 +552,8 @@ class QmailSend:
             self.todo = None
         if not batch:
             return
-        batcher = getattr(self.backend, "preprocess_batch", None)
-        if batcher is None:
-            for n in batch:
-                self.preprocess(n)
-                if self.exitasap:
-                    return
-            return
         try:
-            results = batcher(batch, self.controls.rewriter.route)
+            results = self.backend.preprocess_batch(batch, self.controls.rewriter.route, self.log)
         except CleanerLost:
             self.cleandied()
             return
@@ -570,22 +563,10 @@ class QmailSend:
             else:
                 self.preprocessed(n, result)
 
-    def preprocess(self, n):
-        try:
-            p = self.backend.preprocess(n, self.controls.rewriter.route)
-        except QueueError as e:
-            self.warn(str(e))
-            return
-        except CleanerLost:
-            self.cleandied()
-            return
-        self.preprocessed(n, p)
-
     def preprocessed(self, n, p):
-        """Log a preprocessed message and schedule its channels (or its completion)."""
-        self.log(logline.new_msg(n))
-        if p.sender is not None:
-            self.log(logline.info_msg(n, p.size, p.sender, p.qp, p.uid))
+        """Schedule a preprocessed message's channels (or its completion).
+
+        Its `new msg` and `info msg` lines were logged while it was preprocessed."""
         now = int(time.time())
         for name in p.channels:
             self.by_name[name].schedule(now, n)
