@@ -365,6 +365,26 @@ def test_syscall_order_with_directory_fsyncs(qmail_home, tmp_path):
     ]
 
 
+@pytest.mark.skipif(not shutil.which("strace"), reason="strace is not installed")
+@pytest.mark.parametrize("nth, what, code, left", [
+    (1, "the message file", 53, None),
+    (2, "mess/S", 53, None),
+    (3, "intd/n", 53, None),
+    (4, "todo/", 66, states.S3),
+])
+def test_fsync_failure_at_each_sync(qmail_home, nth, what, code, left):
+    """EIO from the nth fsync (strace's fault injection): the exit code of the spec,
+    todo/n never left behind, only what S2/S3 allow."""
+    env_r, env_w = os.pipe()
+    proc = subprocess.Popen(["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync",
+                             "-e", "inject=fsync:error=EIO:when=%d" % nth, "qmail-queue"],
+                            stdin=subprocess.PIPE, stdout=env_r, stderr=subprocess.PIPE, env=qmail_home.env)
+    os.close(env_r)
+    assert feed(proc, env_w, b"m\n", envelope(b"a@b", [b"c@d"])) == code, what
+    assert_only_leftovers(qmail_home)
+    assert set(message_states(qmail_home).values()) == ({left} if left else set())
+
+
 # --- the injector side: qmailpy.queueclient ---------------------------------
 
 def _in_home(home, fn):
