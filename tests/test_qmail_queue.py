@@ -7,6 +7,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 from inotify_simple import INotify, flags
@@ -383,6 +384,37 @@ def test_fsync_failure_at_each_sync(qmail_home, nth, what, code, left):
     assert feed(proc, env_w, b"m\n", envelope(b"a@b", [b"c@d"])) == code, what
     assert_only_leftovers(qmail_home)
     assert set(message_states(qmail_home).values()) == ({left} if left else set())
+
+
+def test_leftovers_of_failed_queueing_are_removed_by_the_36_hour_cleanup(qmail_home):
+    """A 91 (no F) leaves S3 and a 65 (intd/ unwritable) leaves S2; aged past 36 hours,
+    qmail-send's cleanup has qmail-clean remove them, and nothing else."""
+    from send_harness import Daemons, wait_gone
+    proc, env_w = start(qmail_home)
+    assert feed(proc, env_w, b"m\n", b"Xa@b\0\0") == 91
+    intd = os.path.join(qmail_home.queue, "intd")
+    os.chmod(intd, 0o500)
+    proc, env_w = start(qmail_home)
+    assert feed(proc, env_w, b"m\n", envelope(b"a@b", [b"c@d"])) == 65
+    os.chmod(intd, 0o700)
+    left = message_states(qmail_home)
+    assert sorted(left.values()) == [states.S2, states.S3]
+    assert qmail_home.queue_message(b"fresh\n", b"a@b", [b"defer@far.example"]).returncode == 0
+    fresh = [n for n, st in message_states(qmail_home).items() if st == states.S4]
+    old = time.time() - states.LEFTOVER_AGE - 60
+    for n in left:
+        path = os.path.join(qmail_home.queue, "mess", str(n % SPLIT), str(n))
+        os.utime(path, (old, old))
+    d = Daemons(qmail_home, fake=True)
+    try:
+        d.start()
+        d.wait_started()
+        for n in left:
+            wait_gone(os.path.join(qmail_home.queue, "mess", str(n % SPLIT), str(n)))
+        assert not os.listdir(intd)
+    finally:
+        d.kill()
+    assert list(message_states(qmail_home)) == fresh          # the young one (deferred) stays
 
 
 # --- the injector side: qmailpy.queueclient ---------------------------------
