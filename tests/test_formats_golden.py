@@ -151,3 +151,29 @@ def test_qmail_queue_names_mess_by_inode(qmail_home):
             assert os.stat(os.path.join(qmail_home.queue, "todo", name)).st_size > 0
             found += 1
     assert found == 5
+
+
+def test_preprocessing_writes_info_local_remote_as_the_spec_gives_them(qmail_home):
+    """The files qmail-send's preprocessing (DirQueue) writes, against bytes typed from
+    spec §3: info `F<sender>\\0`, local/remote one `T<addr>\\0` per recipient."""
+    from qmailpy.backends.dirqueue import DirQueue
+
+    class Unlinker:                                   # qmail-clean's answer to a todo/ request
+        def request(self, name):
+            os.unlink(os.path.join(qmail_home.queue, name))
+            return b"+"
+
+    rcpts = [b"a@test.example", b"x@far.example", b"b@test.example", b"y@far.example"]
+    assert qmail_home.queue_message(b"m\n", b"joe@a.example", rcpts).returncode == 0
+    dq = DirQueue(qmail_home.path, cleaner=Unlinker())
+    [n] = dq.new_work()
+    dq.preprocess(n, lambda a: ("local" if a.endswith(b"@test.example") else "remote", a))
+    s = n % 23
+
+    def read(kind):
+        with open(os.path.join(qmail_home.queue, kind, str(s), str(n)), "rb") as f:
+            return f.read()
+    assert read("info") == b"Fjoe@a.example\0"
+    assert read("local") == b"Ta@test.example\0Tb@test.example\0"
+    assert read("remote") == b"Tx@far.example\0Ty@far.example\0"
+    assert not os.path.exists(os.path.join(qmail_home.queue, "todo", str(n)))
