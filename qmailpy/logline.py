@@ -112,7 +112,7 @@ KINDS = tuple(kind for kind, _ in _PATTERNS) + ("unknown",)
 _INT_FIELDS = {"local_used", "local_limit", "remote_used", "remote_limit",
                "n", "bytes", "qp", "uid", "d"}
 
-_EPOCH = re.compile(r"(\d{9,11}\.\d{1,9}) ")
+_EPOCH = re.compile(r"(\d{9,11}(?:\.\d{1,9})?) ")
 _TAI64N = re.compile(r"@([0-9a-f]{16})([0-9a-f]{8}) ")
 _ISO = re.compile(
     r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(\.\d+)?"

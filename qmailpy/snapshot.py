@@ -113,12 +113,43 @@ def parse_line(line):
     if kind == "snapshot" and record["format"] != FORMAT:
         raise SnapshotError("unsupported snapshot format %r" % record["format"])
     if kind == "message":
-        if record.get("state") not in states.STATES + (None,):
-            raise SnapshotError("message record: unknown state %r" % record.get("state"))
-        for kind_name, meta in record["files"].items():
-            if kind_name not in states.FILES or not isinstance(meta, dict):
-                raise SnapshotError("message record: bad file entry %r" % kind_name)
+        _check_message(record)
     return record
+
+
+_NUMBER = (int, float)
+_OPTIONAL = {"birth": _NUMBER, "size": int, "sender": str, "bounce": str, "bouncing": bool}
+_FILE_TYPES = {"path": str, "split": int, "size": int, "mtime": _NUMBER, "atime": _NUMBER,
+               "inode": int, "mode": int, "links": int}
+
+
+def _typed(value, typ):
+    """value is of typ; a bool is no number here (JSON true is not 1)."""
+    return isinstance(value, typ) and (typ is bool or not isinstance(value, bool))
+
+
+def _check_message(record):
+    """The nested fields of a message record, so readers can rely on their types."""
+    if record.get("state") not in states.STATES + (None,):
+        raise SnapshotError("message record: unknown state %r" % record.get("state"))
+    for key, typ in _OPTIONAL.items():
+        if record.get(key) is not None and not _typed(record[key], typ):
+            raise SnapshotError("message record: field %r of the wrong type" % key)
+    for kind_name, meta in record["files"].items():
+        if kind_name not in states.FILES or not isinstance(meta, dict):
+            raise SnapshotError("message record: bad file entry %r" % kind_name)
+        for key, typ in _FILE_TYPES.items():
+            if meta.get(key) is not None and not _typed(meta[key], typ):
+                raise SnapshotError("message record: file %s: field %r of the wrong type"
+                                    % (kind_name, key))
+    for i, r in enumerate(record["recipients"]):
+        if not (isinstance(r, dict) and _typed(r.get("channel"), str)
+                and _typed(r.get("address"), str) and _typed(r.get("done"), bool)):
+            raise SnapshotError("message record: recipient %d is not {channel, address, done}"
+                                % (i + 1))
+    for i, p in enumerate(record["problems"]):
+        if not isinstance(p, str):
+            raise SnapshotError("message record: problem %d is not a string" % (i + 1))
 
 
 def read(lines):

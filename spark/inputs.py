@@ -5,24 +5,31 @@ glob, or a qmail home (a local directory holding queue/, snapshotted on the
 spot). A `KIND:` prefix (log:, snapshot:, notqmail:, segment:) forces the kind;
 otherwise the first bytes decide: '{' = snapshot JSON lines, '# qmail queue
 snapshot' = a notqmail text dump, a NUL byte = a log-backend segment, anything
-else = a qmail-send log.
+else = a qmail-send log. A gzip file (magic 1f 8b, as logrotate leaves rotated
+logs, whatever its name) is sniffed and read by its decompressed text.
 
 Hosts: --host NAME=PATH names everything at or below PATH; otherwise a
 journald line carries its own host, and any other file belongs to the host
 named like its directory (a directory argument: that directory).
 """
+import gzip
+import io
 import os
 import socket
+import zlib
 
 KINDS = ("log", "snapshot", "notqmail", "segment", "home")
 HEAD_BYTES = 512
+GZIP_MAGIC = b"\x1f\x8b"
+GZIP_HEAD_BYTES = 65536     # compressed bytes read to see the first decompressed ones
 
 
 class InputFile:
-    __slots__ = ("path", "kind", "host", "order")
+    __slots__ = ("path", "kind", "host", "order", "gzip")
 
-    def __init__(self, path, kind, host, order):
+    def __init__(self, path, kind, host, order, gzip=False):
         self.path, self.kind, self.host, self.order = path, kind, host, order
+        self.gzip = gzip
 
     def __repr__(self):
         return "InputFile(%r, %r, %r)" % (self.path, self.kind, self.host)
@@ -88,6 +95,21 @@ def sniff(head):
     return "log"
 
 
+def gunzip_head(data):
+    """The first decompressed bytes of the start of a gzip file (b"" if none come out)."""
+    try:
+        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data, HEAD_BYTES)
+    except zlib.error:
+        return b""
+
+
+def gzip_lines(data):
+    """(index, line) of a whole gzip file's text, decompressed as it is read."""
+    with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+        for index, raw in enumerate(f):
+            yield index, raw.decode("utf-8", "replace").rstrip("\r\n")
+
+
 def is_home(path):
     return ("://" not in path and not path.startswith("file:")
             and os.path.isdir(os.path.join(path, "queue", "mess")))
@@ -139,13 +161,22 @@ def resolve(sc, specs, host_map):
                     stream = fs.open(jvm.org.apache.hadoop.fs.Path(path))
                     try:
                         head = bytes(stream.readNBytes(HEAD_BYTES))
+                        compressed = head.startswith(GZIP_MAGIC)
+                        if compressed:
+                            head = gunzip_head(head + bytes(stream.readNBytes(
+                                GZIP_HEAD_BYTES - len(head))))
                     finally:
                         stream.close()
                 except Exception as e:
                     bad.append(BadInput("unreadable-path", path, _java_message(e)))
                     continue
                 kind = forced or sniff(head)
-                files.append(InputFile(path, kind, host_for(path, dir_name, host_map), order))
+                if compressed and kind in ("segment", "notqmail"):
+                    bad.append(BadInput("unreadable-path", path, "a gzip-compressed %s: "
+                                        "decompress it first" % kind))
+                    continue
+                files.append(InputFile(path, kind, host_for(path, dir_name, host_map), order,
+                                       compressed))
                 order += 1
     return files, bad
 

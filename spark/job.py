@@ -37,6 +37,10 @@ class AuditResult:
         self.out_dir = out_dir
 
     @property
+    def warnings(self):
+        return self.summary.get("warnings", [])
+
+    @property
     def bad_count(self):
         return sum(b["count"] for b in self.bad_inputs)
 
@@ -82,6 +86,10 @@ def _parse_partition(rows):
             counts[key] = counts.get(key, 0) + 1
             yield ("b", parsed[1:])
             continue
+        if parsed[0] == "ignored":
+            key = "ignored:" + parsed[1]
+            counts[key] = counts.get(key, 0) + 1
+            continue
         kind, host, seq, when, event = parsed
         counts[kind] = counts.get(kind, 0) + 1
         span = hosts.get(host)
@@ -108,9 +116,19 @@ def _numbered(host, rank):
     return number
 
 
+def _text(sc, f):
+    """(index, line) of one text input; a gzip file is decompressed whatever its name."""
+    if f.gzip:
+        return sc.binaryFiles(f.path).flatMap(lambda pd: inputs_mod.gzip_lines(pd[1]))
+    return sc.textFile(f.path).zipWithIndex().map(lambda li: (li[1], li[0]))
+
+
 def _read_logs(sc, files):
     rdds = []
     for rank, f in enumerate(files):
+        if f.gzip:      # one partition: line index = position in the file
+            rdds.append(_text(sc, f).map(lambda il, h=f.host, r=rank: (h, r, il[0], il[1])))
+            continue
         rdds.append(sc.textFile(f.path).mapPartitionsWithIndex(_numbered(f.host, rank)))
     if not rdds:
         return None
@@ -129,8 +147,7 @@ def _snapshot_partition(rows):
 
 def _read_json_snapshot(sc, f, bad):
     """(message records RDD, header or None, the RDD to unpersist) of one snapshot file."""
-    parsed = sc.textFile(f.path).zipWithIndex().map(lambda li: (li[1], li[0])) \
-        .mapPartitions(_snapshot_partition)
+    parsed = _text(sc, f).mapPartitions(_snapshot_partition)
     parsed.persist(StorageLevel.MEMORY_AND_DISK)
     small = parsed.filter(lambda t: t[0] == "x" or t[1]["record"] != "message").take(1000)
     errors = [t[1] for t in small if t[0] == "x"]
@@ -324,6 +341,7 @@ def audit(spark, specs, out_dir, opts=None):
     }
     bad_list = _bad_summary(bad)
     summary["bad_input"] = bad_list
+    summary["warnings"] = host_warnings(set(spans), set(snapshot_hosts))
     findings_by_kind = summary["findings"]["by_kind"]
     violations = summary["findings"]["violations"]
     if opts.write_parquet:
@@ -340,6 +358,23 @@ def audit(spark, specs, out_dir, opts=None):
         rdd.unpersist()
     table.unpersist()
     return AuditResult(summary, findings_by_kind, violations, bad_list, out_dir)
+
+
+def host_warnings(log_hosts, snapshot_hosts):
+    """Hosts that only one kind of input speaks for, when the inputs hold both kinds.
+
+    Log and snapshot are only compared within one host, so a host-name mismatch
+    (a snapshot named after the machine, a log after its directory) silently
+    turns the cross-checks off.
+    """
+    if not log_hosts or not snapshot_hosts:
+        return []
+    out = ["snapshot of host %s has no log among the inputs: its messages are not compared "
+           "with a log (name the log's host with --host %s=PATH)" % (h, h)
+           for h in sorted(snapshot_hosts - log_hosts)]
+    out += ["log of host %s has no snapshot among the inputs: its messages are not compared "
+            "with a snapshot" % h for h in sorted(log_hosts - snapshot_hosts)]
+    return out
 
 
 def _bad_summary(bad):

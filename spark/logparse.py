@@ -16,7 +16,11 @@ either an event or a bad-input entry:
 
 seq orders lines: file rank << 40 | line index, so one host's files keep their
 order. Status lines, alerts and warnings carry no message and are only counted.
+journalctl's own framing lines ('-- No entries --', '-- Boot ID --', '-- Logs
+begin at ... --', '-- Reboot --') are counted as ignored: they are not bad input.
 """
+import re
+
 from qmailpy import logline
 
 SEQ_SHIFT = 48             # file rank above, line position below
@@ -27,6 +31,8 @@ RESULT_LETTER = {"success": "k", "deferral": "z", "failure": "d"}
 _KNOWN_STARTS = ("status:", "new msg", "info msg", "starting delivery", "delivery ",
                  "bounce msg", "triple bounce", "end msg", "alert:", "warning:")
 MESSAGE_KINDS = ("new", "info", "start", "bounce", "triple", "end")
+_JOURNAL_MARKER = re.compile(r"-- (No entries|Boot [0-9a-f]+|Reboot|Logs begin at .*|"
+                             r"Journal begins at .*|Journal started|Journal stopped) --$")
 
 
 def seq_of(rank, index):
@@ -61,7 +67,11 @@ def classify_bad(text):
 
 
 def parse_line(host, rank, index, line):
-    """(line kind, host, seq, time, event or None) for a good line, or ("bad", kind, host, rank, index, text)."""
+    """(line kind, host, seq, time, event or None) for a good line,
+    ("bad", kind, host, rank, index, text) for bad input, ("ignored", kind) for journald's
+    framing."""
+    if line.startswith("-- ") and _JOURNAL_MARKER.match(line.rstrip()):
+        return ("ignored", "journald-marker")
     ev = logline.parse(line)
     kind = ev.kind
     seq = seq_of(rank, index)

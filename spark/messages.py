@@ -20,6 +20,8 @@ process_group() returns tagged rows:
   ("occ", OCC), ("tr", TRANSITION), ("m", MLINE), ("d", DLINE), ("f", FINDING)
 with the field orders of the *_FIELDS tuples below.
 """
+import math
+
 from qmailpy import states
 
 LOGGER = "qmail-send"          # the program whose log we read: its moves are all logged
@@ -28,6 +30,12 @@ EVENT_NAMES = {"new": "new msg", "info": "info msg", "start": "starting delivery
                "result": "delivery", "bounce": "bounce msg", "triple": "triple bounce",
                "end": "end msg"}
 BIRTH_MATCH = 2.0              # seconds between a `new msg` line and info/ mtime
+
+# qmail-send's retry schedule (spec §6.4): channel -> skip. A pass is due at
+# birth + (skip * k)^2 on time, or birth + (isqrt(age at the last pass) + skip)^2
+# after an off-schedule pass (ALRM); the first pass after birth + queuelifetime
+# is dying: its deferrals are turned into failures and bounced.
+RETRY_SKIP = {"local": 10, "remote": 20}
 
 OCC_FIELDS = ("host", "n", "birth", "info_time", "bytes", "sender", "qp", "uid", "end_time",
               "ended", "orphan", "attempts", "successes", "failures", "deferrals", "bounced",
@@ -54,6 +62,20 @@ FINDING_KINDS = {
     "never-ended": NOTICE,
     "unlogged": NOTICE,
 }
+
+
+def last_attempt_offset(channel, queuelifetime):
+    """Seconds after birth of the first on-time pass that counts as dying."""
+    skip = RETRY_SKIP[channel]
+    k = int(math.isqrt(queuelifetime) // skip) + 1
+    while (skip * (k - 1)) ** 2 > queuelifetime:
+        k -= 1
+    return (skip * k) ** 2
+
+
+def next_pass_offset(channel, age):
+    """Seconds after birth of the pass that follows one started at age (or earlier)."""
+    return (math.isqrt(max(0, int(age))) + RETRY_SKIP[channel]) ** 2
 
 
 def finding(host, n, birth, kind, when, detail):
@@ -111,7 +133,7 @@ class Occurrence:
     __slots__ = ("n", "birth", "info_time", "bytes", "sender", "qp", "uid", "end_time",
                  "state", "orphan", "attempts", "successes", "failures", "deferrals",
                  "bounced", "triple", "succeeded", "lifetime_reported", "superseded",
-                 "seen_in", "end_seq")
+                 "seen_in", "end_seq", "late", "dying")
 
     def __init__(self, n, birth, state, orphan):
         self.n, self.birth, self.state, self.orphan = n, birth, state, orphan
@@ -123,6 +145,8 @@ class Occurrence:
         self.superseded = False
         self.seen_in = set()
         self.end_seq = None
+        self.late = {}          # channel -> dstart of a deferral past its last scheduled pass
+        self.dying = {}         # channel -> ddone of its dying pass's first failure
 
     @property
     def ended(self):
@@ -269,6 +293,9 @@ def process_group(host, n, items, ctx):
                 out.append(finding(host, n, occ.birth, "failure-not-bounced", when,
                                    "%d failed recipient(s), ended without bounce msg"
                                    % occ.failures))
+            if occ.late and not occ.lifetime_reported:
+                _past_lifetime(host, n, occ, when, out, _late_text(occ, ctx)
+                               + "; ended without the failure and bounce that expire it")
 
     for o in occs:
         _close(host, n, o, ctx, out)
@@ -286,6 +313,8 @@ def before_of(kind):
 
 def _count_result(host, n, o, dl, when, ctx, out):
     dstart, d, channel, recipient, letter, reason, _start_seq = dl
+    if not o.orphan and channel in RETRY_SKIP:
+        _check_lifetime(host, n, o, dl, when, ctx, out)
     if letter == "k":
         o.successes += 1
         key = (channel, recipient)
@@ -298,13 +327,47 @@ def _count_result(host, n, o, dl, when, ctx, out):
         o.failures += 1
     else:
         o.deferrals += 1
-        deadline = o.birth + ctx.queuelifetime + ctx.lifetime_slack
-        if not o.orphan and dstart > deadline and not o.lifetime_reported:
-            o.lifetime_reported = True
-            out.append(finding(host, n, o.birth, "past-lifetime", when,
-                               "deferral of %s %s started %.0f s after birth; queuelifetime "
-                               "%d s should have turned it into a bounce"
-                               % (channel, recipient, dstart - o.birth, ctx.queuelifetime)))
+
+
+def _check_lifetime(host, n, o, dl, when, ctx, out):
+    """queuelifetime as qmail-send applies it (spec §6.4, §6.5).
+
+    The first pass after birth + queuelifetime is dying: it makes one last attempt
+    and turns a deferral into a failure, which is bounced. So a message may well be
+    tried, fail and bounce after its lifetime; what qmail never does is defer it
+    past its channel's last scheduled pass and then let it end without that
+    failure, or try the channel again after the dying pass. Both are judged with
+    lifetime_slack of grace for passes started late (busy channels).
+    """
+    dstart, d, channel, recipient, letter, _reason, _ss = dl
+    slack = ctx.lifetime_slack
+    dying_done = o.dying.get(channel)
+    if dying_done is not None and dstart > dying_done + slack and not o.lifetime_reported:
+        _past_lifetime(host, n, o, when, out,
+                       "%s %s tried again (delivery %d) %.0f s after its dying pass failed"
+                       % (channel, recipient, d, dstart - dying_done))
+    if letter == "d":
+        if dying_done is None and dstart > o.birth + ctx.queuelifetime + slack:
+            o.dying[channel] = when
+        if channel in o.late and dstart > o.late[channel]:
+            del o.late[channel]                 # expired as it should: failure, then bounce
+    elif letter == "z" and channel not in o.late:
+        deadline = o.birth + last_attempt_offset(channel, ctx.queuelifetime) + slack
+        if dstart > deadline:
+            o.late[channel] = dstart
+
+
+def _late_text(o, ctx):
+    channel, dstart = min(o.late.items(), key=lambda cd: cd[1])
+    return ("deferral of %s started %.0f s after birth, past the last scheduled pass at %d s "
+            "(queuelifetime %d s)" % (channel, dstart - o.birth,
+                                      last_attempt_offset(channel, ctx.queuelifetime),
+                                      ctx.queuelifetime))
+
+
+def _past_lifetime(host, n, o, when, out, what):
+    o.lifetime_reported = True
+    out.append(finding(host, n, o.birth, "past-lifetime", when, what))
 
 
 def _observe_snapshot(host, n, occs, item, ctx, out, transition):
@@ -340,6 +403,13 @@ def _close(host, n, o, ctx, out):
             out.append(finding(host, n, o.birth, "vanished", taken,
                                "message not ended at %.0f but missing from that snapshot"
                                % taken))
+    if not o.ended and o.late and not o.lifetime_reported and ctx.log_end is not None:
+        channel, dstart = min(o.late.items(), key=lambda cd: cd[1])
+        due = o.birth + next_pass_offset(channel, dstart - o.birth) + ctx.lifetime_slack
+        if ctx.log_end > due:
+            _past_lifetime(host, n, o, due, out, _late_text(o, ctx)
+                           + "; the log runs on to %.0f s after birth without the dying pass"
+                           % (ctx.log_end - o.birth))
     if not o.ended and not o.superseded and ctx.log_end is not None:
         out.append(finding(host, n, o.birth, "never-ended", ctx.log_end,
                            "new msg never ended; age %.0f s at the end of the log"

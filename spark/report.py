@@ -148,7 +148,11 @@ h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-to
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:2px 8px;
 text-align:right;font-size:.9em}th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
 .verdict{font-size:1.2em;padding:.6em 1em;border-radius:4px}.clean{background:#e4f4e4}
-.bad{background:#fbe4e4}.plots svg{margin:.5em 1em .5em 0;border:1px solid #eee}"""
+.bad{background:#fbe4e4}.warn{background:#fbf4d4}
+.plots svg{margin:.5em 1em .5em 0;border:1px solid #eee}"""
+
+
+DDELAY_COLUMNS = ["avg_ddelay", "p50_ddelay", "p90_ddelay", "p99_ddelay"]
 
 
 def render(summary, plots):
@@ -160,6 +164,8 @@ def render(summary, plots):
         verdict = '<p class="verdict bad">%d violation(s) found.</p>' % f["violations"]
     else:
         verdict = '<p class="verdict clean">No violation found.</p>'
+    for text in summary.get("warnings", []):
+        verdict += '<p class="verdict warn">warning: %s</p>' % _e(text)
     if bad_count:
         verdict += '<p class="verdict bad">%d piece(s) of bad input (see below); the rest ' \
                    'was audited.</p>' % bad_count
@@ -199,18 +205,23 @@ def render(summary, plots):
         _table([dict(name=k, **v) for k, v in summary["delays"].items()],
                ["name", "count", "avg", "p50", "p90", "p99", "max"]),
         "<h2>By recipient domain</h2>",
+        "<p>ddelay: injection to successful delivery, in seconds.</p>",
         _table(summary["per_domain"], ["domain", "attempts", "success", "failure", "deferral",
-                                       "xdelay", "avg_ddelay"]),
+                                       "xdelay"] + DDELAY_COLUMNS),
         "<h2>By sender</h2>",
         _table(summary["per_sender"], ["sender", "messages", "bytes", "sbytes", "rbytes",
-                                       "recipients", "tries", "xdelay"]),
+                                       "recipients", "tries", "success", "failure",
+                                       "deferral", "xdelay"]),
         "<h2>By hour (UTC)</h2>",
         _table(summary["per_hour"], ["hour", "new_messages", "attempts", "success", "failure",
-                                     "deferral", "completed", "bytes"], 72),
+                                     "deferral", "completed", "bytes"] + DDELAY_COLUMNS, 72),
         "<h2>By host</h2>",
         _table(summary["per_host"], ["host", "messages", "numbers", "ended", "attempts",
                                      "success", "failure", "deferral", "bounces"]),
         "<h2>Log lines by kind</h2>", _kv(sorted(summary["log"]["by_kind"].items())),
+        "" if not summary["log"].get("ignored") else
+        "<p>Ignored (not qmail lines): %s.</p>" % _e(", ".join(
+            "%d %s" % (v, k) for k, v in sorted(summary["log"]["ignored"].items()))),
         "<h2>Bad input</h2>",
         "<p>none</p>" if not bad else _table(
             [dict(kind=b["kind"], count=b["count"],

@@ -4,25 +4,11 @@ check_record() gives the findings one message record shows by itself;
 observation() the item handed to the per-message transition table so the
 snapshot can be compared with the log of the same host.
 """
-import math
-
 from qmailpy import states
-from spark.messages import finding
+from spark.messages import RETRY_SKIP, finding, last_attempt_offset  # noqa: F401
 
-# qmail-send's retry schedule (spec §6.4): channel -> skip. A pass at or after
-# birth + queuelifetime is the last one; it is due at birth + (skip * k)^2.
-RETRY_SKIP = {"local": 10, "remote": 20}
 FILE_PROBLEMS = ("split-mismatch", "inode-mismatch", "duplicate", "unknown-record",
                  "unreadable")
-
-
-def last_attempt_offset(channel, queuelifetime):
-    """Seconds after birth of the first scheduled pass that counts as dying."""
-    skip = RETRY_SKIP[channel]
-    k = int(math.isqrt(queuelifetime) // skip) + 1
-    while (skip * (k - 1)) ** 2 > queuelifetime:
-        k -= 1
-    return (skip * k) ** 2
 
 
 def check_record(rec, taken, queuelifetime, lifetime_slack):

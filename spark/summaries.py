@@ -128,6 +128,19 @@ def _stats(count, avg, mx, p):
     return {"count": count, "avg": avg, "p50": p[0], "p90": p[1], "p99": p[2], "max": mx}
 
 
+PERCENTILES = (50, 90, 99)
+# ddelay of each success; percentile() is exact (linear between closest ranks)
+_DDELAY_P = "percentile(CASE WHEN result = 'k' THEN ddone - birth END, array(%s))" \
+    % ", ".join("%.2f" % (p / 100.0) for p in PERCENTILES)
+
+
+def _ddelay_columns(df):
+    """avg_ddelay and p50/p90/p99_ddelay (successes only) from an aggregated ddelay_p."""
+    for i, p in enumerate(PERCENTILES):
+        df = df.withColumn("p%d_ddelay" % p, F.col("ddelay_p").getItem(i))
+    return df.drop("ddelay_p")
+
+
 def tables(frames):
     """The per-key summary DataFrames: domain, sender, hour, host."""
     d, m, occ = frames["d"], frames["m"], frames["occ"]
@@ -135,13 +148,13 @@ def tables(frames):
     fl = F.when(F.col("result") == "d", 1).otherwise(0)
     z = F.when(F.col("result") == "z", 1).otherwise(0)
     xdelay = F.col("ddone") - F.col("dstart")
-    per_domain = d.groupBy("domain").agg(
+    avg_ddelay = F.avg(F.when(F.col("result") == "k", F.col("ddone") - F.col("birth")))
+    per_domain = _ddelay_columns(d.groupBy("domain").agg(
         F.count(F.lit(1)).alias("attempts"), F.sum(k).alias("success"),
         F.sum(fl).alias("failure"), F.sum(z).alias("deferral"),
-        F.sum(xdelay).alias("xdelay"),
-        F.avg(F.when(F.col("result") == "k", F.col("ddone") - F.col("birth"))).alias(
-            "avg_ddelay"),
-        F.sum(F.when(F.col("result") == "k", F.col("bytes")).otherwise(0)).alias("sbytes"))
+        F.sum(xdelay).alias("xdelay"), avg_ddelay.alias("avg_ddelay"),
+        F.expr(_DDELAY_P).alias("ddelay_p"),
+        F.sum(F.when(F.col("result") == "k", F.col("bytes")).otherwise(0)).alias("sbytes")))
     sender = F.regexp_replace(F.col("sender"), r"^<(.*)>$", "$1")
     senders_m = m.withColumn("sender", sender).groupBy("sender").agg(
         F.count(F.lit(1)).alias("messages"), F.sum("bytes").alias("bytes"),
@@ -150,18 +163,23 @@ def tables(frames):
         F.sum(F.col("nk") + F.col("nd")).alias("recipients"),
         F.sum(F.col("nk") + F.col("nd") + F.col("nz")).alias("tries"))
     senders_d = d.withColumn("sender", sender).groupBy("sender").agg(
-        F.sum(xdelay).alias("xdelay"), F.count(F.lit(1)).alias("attempts"))
+        F.sum(xdelay).alias("xdelay"), F.count(F.lit(1)).alias("attempts"),
+        F.sum(k).alias("success"), F.sum(fl).alias("failure"), F.sum(z).alias("deferral"))
     per_sender = senders_m.join(senders_d, "sender", "full_outer").fillna(0)
     hour = lambda c: F.date_format(F.from_unixtime(F.floor(F.col(c))), "yyyy-MM-dd HH:00")
-    by_hour_d = d.groupBy(hour("ddone").alias("hour")).agg(
+    by_hour_d = _ddelay_columns(d.groupBy(hour("ddone").alias("hour")).agg(
         F.count(F.lit(1)).alias("attempts"), F.sum(k).alias("success"),
-        F.sum(fl).alias("failure"), F.sum(z).alias("deferral"))
+        F.sum(fl).alias("failure"), F.sum(z).alias("deferral"),
+        avg_ddelay.alias("avg_ddelay"), F.expr(_DDELAY_P).alias("ddelay_p")))
     by_hour_m = m.groupBy(hour("done").alias("hour")).agg(
         F.count(F.lit(1)).alias("completed"), F.sum("bytes").alias("bytes"))
     by_hour_new = occ.groupBy(hour("birth").alias("hour")).agg(
         F.count(F.lit(1)).alias("new_messages"))
+    # counts of an hour without deliveries are 0; its delays stay null (none measured)
+    counts = ["attempts", "success", "failure", "deferral", "completed", "bytes",
+              "new_messages"]
     per_hour = by_hour_new.join(by_hour_d, "hour", "full_outer") \
-        .join(by_hour_m, "hour", "full_outer").fillna(0)
+        .join(by_hour_m, "hour", "full_outer").fillna(0, subset=counts)
     per_host = occ.groupBy("host").agg(
         F.count(F.lit(1)).alias("messages"),
         F.countDistinct("n").alias("numbers"),
@@ -213,9 +231,10 @@ def compute(frames, line_counts):
     examples = [_row(r) for r in f.orderBy(F.col("severity") != "violation", "host", "n", "time")
                 .limit(250).collect()]
     summary = {
-        "log": {"lines": sum(v for k, v in line_counts.items() if not k.startswith("bad:")),
-                "by_kind": dict(sorted((k, v) for k, v in line_counts.items()
-                                       if not k.startswith("bad:")))},
+        "log": {"lines": sum(v for k, v in line_counts.items() if ":" not in k),
+                "by_kind": dict(sorted((k, v) for k, v in line_counts.items() if ":" not in k)),
+                "ignored": dict(sorted((k[len("ignored:"):], v) for k, v in line_counts.items()
+                                       if k.startswith("ignored:")))},
         "messages": {"messages": o["messages"], "numbers": o["numbers"], "ended": o["ended"] or 0,
                      "not_ended": o["messages"] - (o["ended"] or 0), "orphans": o["orphans"] or 0,
                      "bounces": o["bounces"] or 0, "triple_bounces": o["triple_bounces"] or 0,

@@ -10,12 +10,20 @@ delivery` + result per recipient and attempt (status lines after each),
 deferred recipients retried 5 s later, a `bounce msg` when something failed,
 then `end msg`. Message numbers are reused (a pool smaller than the number of
 messages) only after the previous holder ended.
+
+Besides the defects, generate(expired=N) writes N clean messages that outlive
+queuelifetime the way qmail ends them: deferred by a pass that began just
+before the lifetime ran out (its delivery started after it: a busy channel),
+then failed by the dying pass that follows ("I'm not going to try again"),
+bounced and ended. Half get the dying pass on schedule, half long after it
+(qmail-send was down). None of this is a finding.
 """
 import heapq
 import random
 import time
 
 from qmailpy import snapshot as snapshot_format
+from spark.messages import last_attempt_offset, next_pass_offset
 
 LOG_DEFECTS = ("illegal-transition", "delivery-after-end", "duplicate-delivery",
                "failure-not-bounced", "past-lifetime", "never-ended", "vanished")
@@ -27,6 +35,8 @@ SPACING = 0.5           # seconds between births
 RETRY = 5.0             # a deferred recipient is retried this much later
 LIFETIME = 10           # queuelifetime the defects are built around (tests pass it)
 SLACK = 1.0
+LONG_LIVED = ("never-ended", "vanished", "past-lifetime", "expired-bounced")
+DYING_TEXT = "I'm_not_going_to_try_again;_this_message_has_been_in_the_queue_too_long./"
 
 
 def prefix(style, when, host):
@@ -107,10 +117,11 @@ class _Writer:
 
 
 def generate(log_path, messages=200, seed=1, style="epoch", host="mx1", start=1795000000.0,
-             defects=None, snapshot_path=None, pool=None):
+             defects=None, snapshot_path=None, pool=None, expired=0):
     """Write a log (and a snapshot); return the Expect of what an audit must find.
 
     defects: kind -> how many (LOG_DEFECTS and, with a snapshot, SNAPSHOT_DEFECTS).
+    expired: how many clean messages expire and bounce (audit with LIFETIME, SLACK).
     """
     rng = random.Random(seed)
     defects = dict(defects or {})
@@ -119,6 +130,7 @@ def generate(log_path, messages=200, seed=1, style="epoch", host="mx1", start=17
     base_n = 100000
     plan = {}
     special = [k for k in LOG_DEFECTS for _ in range(defects.get(k, 0))]
+    special += ["expired-bounced"] * expired
     if len(special) * 3 > messages:
         raise ValueError("too many defects for %d messages" % messages)
     slots = rng.sample(range(messages // 10, messages - 5), len(special)) if special else []
@@ -128,6 +140,8 @@ def generate(log_path, messages=200, seed=1, style="epoch", host="mx1", start=17
     ended_in_log = []       # (n, birth) of clean ended messages, for snapshot defects
     delivery = [0]
     busy = {"local": 0, "remote": 0}
+    latest = [start]
+    expired_seen = 0
     with open(log_path, "w", encoding="utf-8") as out:
         w = _Writer(out, style, host, expect)
         w.add(start - 1, "status", "status: local 0/10 remote 0/20")
@@ -150,6 +164,7 @@ def generate(log_path, messages=200, seed=1, style="epoch", host="mx1", start=17
             expect.attempts[result] += 1
             expect.d.append((result, rounded(info_birth) if entry else rounded(when),
                              rounded(when), rounded(done)))
+            latest[0] = max(latest[0], done)
             return done
 
         for i in range(messages):
@@ -157,7 +172,7 @@ def generate(log_path, messages=200, seed=1, style="epoch", host="mx1", start=17
             w.flush(before=birth)
             kind = plan.get(i)
             # a message left queued keeps its number: give it one outside the pool
-            n = 800000 + i if kind in ("never-ended", "vanished") else base_n + (i % pool)
+            n = 800000 + i if kind in LONG_LIVED else base_n + (i % pool)
             expect.messages += 1
             expect.numbers.add(n)
             size = rng.randint(300, 30000)
@@ -185,21 +200,35 @@ def generate(log_path, messages=200, seed=1, style="epoch", host="mx1", start=17
             if kind == "failure-not-bounced":
                 outcomes[0] = "d"
             if kind == "past-lifetime":
-                outcomes = ["zzzk"] + outcomes[1:]
+                outcomes = ["zzk"] + outcomes[1:]
+            if kind == "expired-bounced":
+                outcomes = ["zzd"] + outcomes[1:]
+                expired_seen += 1
             nk = nd = nz = 0
             last = info_at
             t = birth + 0.001
-            for (channel, rcpt), outcome in zip(rcpts, outcomes):
+            for first, ((channel, rcpt), outcome) in enumerate(zip(rcpts, outcomes)):
+                first = first == 0
                 at = t
+                dying = birth + last_attempt_offset(channel, LIFETIME)    # on-time dying pass
                 for step, result in enumerate(outcome):
-                    if step:
-                        at = birth + RETRY * step + (7 if kind == "past-lifetime" and step >= 2
-                                                     else 0)
+                    if step and kind == "past-lifetime" and first:
+                        # deferred past the dying pass, then delivered at the pass after
+                        at = dying + SLACK + 20 if step == 1 else \
+                            birth + next_pass_offset(channel, at - birth)
+                    elif step and kind == "expired-bounced" and first:
+                        at = birth + LIFETIME + SLACK + 2 if step == 1 else \
+                            birth + next_pass_offset(channel, LIFETIME - 1) \
+                            + (0 if expired_seen % 2 else 1000)
+                    elif step:
+                        at = birth + RETRY * step
                     reason = {"k": "did_1+0+0/" if channel == "local" else
                               "127.0.0.1_accepted_message./Remote_host_said:_250_ok/",
                               "d": "Sorry,_no_mailbox_here_by_that_name._(#5.1.1)/",
                               "z": "Sorry,_I_wasn't_able_to_establish_an_SMTP_connection."
                                    "_(#4.4.1)/"}[result]
+                    if kind == "expired-bounced" and first and step == 2:
+                        reason = DYING_TEXT
                     if kind in ("never-ended", "vanished") and step:
                         break
                     done = attempt(n, at, channel, rcpt, result, reason, info_birth=info_at)
@@ -222,6 +251,7 @@ def generate(log_path, messages=200, seed=1, style="epoch", host="mx1", start=17
                 expect.bounces += 1
                 end_at += 0.0001
             w.add(end_at, "end msg", "end msg %d" % n)
+            latest[0] = max(latest[0], end_at)
             expect.ended += 1
             expect.m.append((rounded(info_at), rounded(end_at), size, nk, nd, nz))
             if kind == "failure-not-bounced":
@@ -239,7 +269,7 @@ def generate(log_path, messages=200, seed=1, style="epoch", host="mx1", start=17
                 expect.finding("delivery-after-end")
             elif kind is None:
                 ended_in_log.append((n, rounded(birth)))
-        last_time = start + messages * SPACING + 30
+        last_time = max(start + messages * SPACING, latest[0]) + 30
         w.flush()
         w.add(last_time, "exiting", "status: exiting")
         w.flush()

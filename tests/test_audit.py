@@ -4,6 +4,8 @@ The shared notqmail sample must give the README's exact counts and no
 violation; generated logs and snapshots with counted defects must give exactly
 those findings and figures; bad input is counted and the rest audited.
 """
+import gzip
+import io
 import json
 import os
 import queue
@@ -51,6 +53,76 @@ def _audit(spark, inputs, out, **kw):
     return job.audit(spark, [str(i) for i in inputs], str(out), job.Options(**kw))
 
 
+def _percentile(values, p):
+    """Linear between closest ranks, as Spark's exact percentile()."""
+    v = sorted(values)
+    pos = (len(v) - 1) * p
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def _sample_dlines():
+    """matchup's d lines of the epoch sample, by the pure-Python per-message logic."""
+    from spark import logparse, messages
+    events = []
+    with open(EPOCH) as f:
+        for i, line in enumerate(f):
+            parsed = logparse.parse_line("mx", 0, i, line.rstrip("\n"))
+            if parsed[4] is not None:
+                events.append(parsed[4])
+    groups, by_d = {}, {}
+    for e in events:
+        if e[3] in ("start", "result"):
+            by_d.setdefault(e[5], []).append(e)
+        if e[3] in logparse.MESSAGE_KINDS:
+            groups.setdefault(e[4], []).append(("ev", e, e[1], e[2]))
+    for evs in by_d.values():
+        for (_h, n), item in messages.pair_deliveries(evs)[0]:
+            groups.setdefault(n, []).append(item)
+    ctx = messages.HostContext()
+    return [dict(zip(messages.DLINE_FIELDS, r[1])) for n, items in groups.items()
+            for r in messages.process_group("mx", n, items, ctx) if r[0] == "d"]
+
+
+def _check_breakdowns(s):
+    """Per domain, hour and sender, against sums over the d lines made here."""
+    import time as time_mod
+    dl = _sample_dlines()
+    assert len(dl) == 481
+
+    def delays(rows):
+        return [r["ddone"] - r["birth"] for r in rows if r["result"] == "k"]
+
+    for key, table, of in (("domain", "per_domain", lambda r: r["domain"]),
+                           ("hour", "per_hour", lambda r: time_mod.strftime(
+                               "%Y-%m-%d %H:00", time_mod.gmtime(int(r["ddone"]))))):
+        rows = {r[key]: r for r in s[table]}
+        keys = {of(r) for r in dl}
+        assert keys <= set(rows)
+        for k in keys:
+            got = rows[k]
+            dd = delays([r for r in dl if of(r) == k])
+            assert got["success"] == len(dd), (table, k)
+            if not dd:
+                assert got["avg_ddelay"] is None and got["p50_ddelay"] is None
+                continue
+            assert got["avg_ddelay"] == pytest.approx(sum(dd) / len(dd), rel=1e-9)
+            for p in (50, 90, 99):
+                assert got["p%d_ddelay" % p] == pytest.approx(_percentile(dd, p / 100.0),
+                                                              rel=1e-9), (table, k, p)
+    sink = {r["domain"]: r for r in s["per_domain"]}["sink.example"]
+    assert sink["p50_ddelay"] <= sink["p90_ddelay"] <= sink["p99_ddelay"]
+    senders = {r["sender"]: r for r in s["per_sender"]}
+    for sender in {r["sender"] for r in dl}:
+        mine = [r for r in dl if r["sender"] == sender]
+        got = senders[sender]
+        assert (got["success"], got["failure"], got["deferral"]) == tuple(
+            sum(1 for r in mine if r["result"] == c) for c in "kdz"), sender
+    assert sum(r["success"] for r in s["per_sender"]) == 353
+    assert sum(r["deferral"] for r in s["per_sender"]) == 81
+
+
 def _sample_checks(result):
     s = result.summary
     assert s["log"]["lines"] == 2951
@@ -67,6 +139,13 @@ def _sample_checks(result):
     q = s["qmailanalog"]
     assert q["completed_messages"] == 312
     assert (q["delivery_attempts"], q["success"], q["failure"], q["deferral"]) == (481, 353, 47, 81)
+    # an independent port of qmailanalog's matchup + zoverall, to its printed precision
+    assert (q["bytes"], q["bytes_weighted_by_success"]) == (1613710, 1797724)
+    assert q["qtime_total"] == pytest.approx(1053.0984, abs=5e-5)
+    assert q["ddelay_total"] == pytest.approx(1053.9548, abs=5e-5)
+    assert q["xdelay_total"] == pytest.approx(6.44035, abs=5e-6)
+    assert q["time_span"] == pytest.approx(156.154, abs=5e-4)
+    assert q["concurrency"] == pytest.approx(0.0412436, abs=5e-8)
     domains = {r["domain"]: r for r in s["per_domain"]}
     assert domains["sink.example"]["success"] == 73          # README cross-check table
     assert domains["responder.example"]["success"] == 18
@@ -81,6 +160,9 @@ def test_shared_sample_epoch_and_tai64n_give_the_readme_counts(spark, tmp_path):
     epoch = _audit(spark, [_copy(EPOCH, host, "epoch.log"), _copy(SNAPSHOT_TEXT, host, "q.txt")],
                    tmp_path / "out-epoch", write_parquet=True)
     q1 = _sample_checks(epoch)
+    _check_breakdowns(epoch.summary)
+    html = (tmp_path / "out-epoch" / "report.html").read_text()
+    assert "<th>p99_ddelay</th>" in html and "<th>deferral</th>" in html
     tai = _audit(spark, [_copy(TAI64N, tmp_path / "mx2", "tai.log")], tmp_path / "out-tai")
     q2 = _sample_checks(tai)
     for key, value in q1.items():
@@ -89,7 +171,13 @@ def test_shared_sample_epoch_and_tai64n_give_the_readme_counts(spark, tmp_path):
     assert q1["recipients"] == 393 and q1["attempts_for_completed"] == 411
     out = tmp_path / "out-epoch"
     text = (out / "zoverall.txt").read_text()
-    assert "Completed messages: 312\n" in text and "  deferral: 81\n" in text
+    for line in ("Completed messages: 312", "Recipients for completed messages: 393",
+                 "Total delivery attempts for completed messages: 411",
+                 "Bytes in completed messages: 1613710", "Bytes weighted by success: 1797724",
+                 "Average message qtime (s): 3.37532", "  deferral: 81",
+                 "Total ddelay (s): 1053.954766", "Total xdelay (s): 6.440349",
+                 "Time span (s): 156.154", "Queue concurrency: 0.0412436"):
+        assert "\n" + line + "\n" in "\n" + text, line
     # the 21 still-queued messages are exactly the 21 in the notqmail snapshot
     import pyarrow.parquet as pq
     tr = pq.read_table(str(out / "transitions.parquet")).to_pylist()
@@ -126,12 +214,14 @@ def test_generated_defects_of_every_kind_are_found_exactly(spark, tmp_path):
     log = tmp_path / "mx1" / "current"
     log.parent.mkdir()
     snap = tmp_path / "mx1.snapshot"
+    # with 4 clean messages that expire and bounce as qmail does: not findings
     expect = synthetic.generate(str(log), messages=400, seed=7, style="journald",
-                                defects=ALL, snapshot_path=str(snap))
+                                defects=ALL, snapshot_path=str(snap), expired=4)
     # the snapshot names its host itself; the journald lines carry it too
     result = _audit(spark, [log, snap], tmp_path / "out", queuelifetime=synthetic.LIFETIME,
                     lifetime_slack=synthetic.SLACK)
     _check_expected(result, expect)
+    assert result.warnings == []
     assert set(result.findings_by_kind) >= {"illegal-transition", "delivery-after-end",
                                             "duplicate-delivery", "failure-not-bounced",
                                             "past-lifetime", "vanished", "stale-leftover",
@@ -150,13 +240,37 @@ def test_clean_logs_of_two_hosts_in_iso_and_tai64n_find_nothing(spark, tmp_path)
     b.parent.mkdir()
     ea = synthetic.generate(str(a), messages=150, seed=1, style="iso", host="alpha")
     eb = synthetic.generate(str(b), messages=120, seed=2, style="tai64n", host="beta")
-    result = _audit(spark, [a, b], tmp_path / "out",
+    # beta's log was rotated and compressed by logrotate, under a name without .gz
+    b.write_bytes(gzip.compress(b.read_bytes()))
+    # a snapshot of a third host: no log of it, and no snapshot of alpha or beta
+    from qmailpy import snapshot as snapshot_format
+    gamma = tmp_path / "gamma.snapshot"
+    with open(gamma, "w") as f:
+        snapshot_format.write([snapshot_format.header("gamma", "/var/qmail", "dir",
+                                                      1795000500.0, 604800),
+                               snapshot_format.trailer("gamma", 0)], f)
+    result = _audit(spark, [a, b, gamma], tmp_path / "out",
                     host_map=[(str(a.parent), "alpha"), (str(b.parent), "beta")])
     assert result.exit_code == 0 and result.findings_by_kind == {}
+    assert [w.split(" has ")[0] for w in result.warnings] == [
+        "snapshot of host gamma", "log of host alpha", "log of host beta"]
+    from qmailpy.cli.qmail_audit import tell
+    out, err = io.StringIO(), io.StringIO()
+    tell(result, str(tmp_path / "out"), out, err)
+    assert "qmail-audit: warning: snapshot of host gamma has no log among the inputs" \
+        in err.getvalue()
+    assert err.getvalue().count("qmail-audit: warning: ") == 3
+    assert out.getvalue().startswith("qmail-audit: 0 violation(s); report: ")
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "warning: log of host beta has no snapshot among the inputs" in html
+    assert json.loads((tmp_path / "out" / "summaries.json").read_text())["warnings"] \
+        == result.warnings
     hosts = {r["host"]: r for r in result.summary["per_host"]}
     assert set(hosts) == {"alpha", "beta"}
     assert hosts["alpha"]["messages"] == ea.messages
     assert hosts["beta"]["messages"] == eb.messages
+    assert result.bad_inputs == []
+    assert result.summary["log"]["by_kind"]["end msg"] == ea.lines["end msg"] + eb.lines["end msg"]
     assert hosts["alpha"]["numbers"] == len(ea.numbers)
     q = result.summary["qmailanalog"]
     assert q["completed_messages"] == ea.ended + eb.ended
@@ -171,6 +285,8 @@ def test_bad_input_is_counted_and_the_rest_audited(spark, tmp_path):
                                 defects={"duplicate-delivery": 1, "stale-leftover": 1},
                                 snapshot_path=str(snap))
     with open(log, "a") as f:
+        f.write("-- Boot 3f2a9c0d4e5b46a7b8c9d0e1f2a3b4c5 --\n")  # journalctl's framing
+        f.write("-- No entries --\n")
         f.write("1795009999.000001 delivery 77: succ\n")          # cut short
         f.write("1795009999.000002 new msg\n")                     # cut short
         f.write("1795009999.000003 something qmail never says\n")  # unknown
@@ -179,17 +295,29 @@ def test_bad_input_is_counted_and_the_rest_audited(spark, tmp_path):
     torn.write_text("".join(lines[:-1]))                            # no end record
     corrupt = tmp_path / "corrupt.snapshot"
     corrupt.write_text(lines[0] + '{"record": "message", "host": \n' + lines[-1])
+    # a well-formed line with a wrongly typed recipient, between good ones
+    typed = tmp_path / "typed.snapshot"
+    wrong = '{"record":"message","host":"mx1","n":5,"backend":"dir","files":{},' \
+            '"recipients":[1],"problems":[]}\n'
+    trailer = json.loads(lines[-1])
+    trailer["messages"] += 1
+    typed.write_text("".join(lines[:-1]) + wrong + json.dumps(trailer) + "\n")
     missing = tmp_path / "no-such-log"
-    result = _audit(spark, [log, snap, torn, corrupt, missing], tmp_path / "out")
+    result = _audit(spark, [log, snap, torn, corrupt, typed, missing], tmp_path / "out")
     bad = {b["kind"]: b["count"] for b in result.bad_inputs}
-    assert bad == {"truncated-line": 2, "unknown-line": 1, "corrupt-snapshot": 2,
+    assert bad == {"truncated-line": 2, "unknown-line": 1, "corrupt-snapshot": 3,
                    "unreadable-path": 1}
+    (corrupt_snapshots,) = [b for b in result.bad_inputs if b["kind"] == "corrupt-snapshot"]
+    assert {"path": "file:" + str(typed), "kind": "corrupt-snapshot",
+            "detail": "line %d: message record: recipient 1 is not {channel, address, done}"
+            % len(lines)} in corrupt_snapshots["examples"]
     assert result.exit_code == 2
+    assert result.summary["log"]["ignored"] == {"journald-marker": 2}
     # the good lines were audited all the same
     assert result.summary["messages"]["messages"] == expect.messages
     assert result.findings_by_kind["duplicate-delivery"] == 1
-    # the torn copy of the snapshot is still checked: its leftover is found twice
-    assert result.findings_by_kind["stale-leftover"] == 2
+    # the torn and the mistyped copies are still checked: the leftover is found thrice
+    assert result.findings_by_kind["stale-leftover"] == 3
     html = (tmp_path / "out" / "report.html").read_text()
     assert "truncated-line" in html and "unreadable-path" in html
 
@@ -320,6 +448,7 @@ def test_cluster_gives_the_same_result_as_local_mode(spark, cluster, tmp_path):
     assert on_cluster.returncode == 1, on_cluster.stderr.decode()[-2000:]
     assert b"report: " + str(tmp_path / "c" / "report.html").encode() in on_cluster.stdout
     assert b"duplicate-delivery: 1" in on_cluster.stderr
+    assert b"warning" not in on_cluster.stderr
     local = _audit(spark, [log, snap], tmp_path / "l",
                    host_map=[(str(log.parent), "mx1")])
     c = json.loads((tmp_path / "c" / "summaries.json").read_text())

@@ -2,7 +2,7 @@
 import os
 
 from qmailpy import logline, snapshot, states
-from spark import logparse, messages, report, segments, snapshots, synthetic
+from spark import inputs, logparse, messages, report, segments, snapshots, synthetic
 
 DATA = "/work/shared/data"
 T0 = 1795000000.0
@@ -101,23 +101,89 @@ def test_preprocessing_redone_is_legal_but_a_live_number_reused_is_not():
 
 
 def test_lifetime_never_ended_and_snapshot_cross_checks():
-    ctx = messages.HostContext(log_start=T0, log_end=T0 + 1000, log_end_exiting=True,
-                               snapshots=(T0 + 2000,), queuelifetime=100, lifetime_slack=10)
+    # queuelifetime 100: remote passes at 0, 400 (dying), ...; grace 10 s
+    ctx = messages.HostContext(log_start=T0, log_end=T0 + 2000, log_end_exiting=True,
+                               snapshots=(T0 + 2500,), queuelifetime=100, lifetime_slack=10)
     lines = _log("new msg 9", "info msg 9: bytes 1 from <a@b> qp 9 uid 0",
                  "starting delivery 1: msg 9 to remote x@y", "delivery 1: deferral: later/")
+    # a deferral past the dying pass, then the log runs on past the next pass
     lines += _log("starting delivery 2: msg 9 to remote x@y", "delivery 2: deferral: later/",
-                  start=T0 + 200)
-    lines += _log(*CLEAN, start=T0 + 300)
-    snap9 = (9, ("snap", (states.S5, T0, 1), T0 + 2000, None))
+                  start=T0 + 500)
+    lines += _log(*CLEAN, start=T0 + 600)
+    snap9 = (9, ("snap", (states.S5, T0, 1), T0 + 2500, None))
     rows = _run(lines, ctx, snaps=[snap9])
     assert _kinds(rows) == ["never-ended", "past-lifetime"]
+    (detail,) = [r[1][6] for r in rows if r[0] == "f" and r[1][3] == "past-lifetime"]
+    assert "started 500 s after birth, past the last scheduled pass at 400 s" in detail
     # without the snapshot entry the queued message vanished
     rows = _run(lines, ctx)
     assert _kinds(rows) == ["never-ended", "past-lifetime", "vanished"]
     # an ended message still in the snapshot is an illegal move back to S5
-    snap5 = (5, ("snap", (states.S5, T0 + 300, 1), T0 + 2000, None))
+    snap5 = (5, ("snap", (states.S5, T0 + 600, 1), T0 + 2500, None))
     rows = _run(lines, ctx, snaps=[snap9, snap5])
     assert _kinds(rows) == ["illegal-transition", "never-ended", "past-lifetime"]
+    # the log ends before the pass after the late deferral is due: nothing to judge yet
+    early = messages.HostContext(log_start=T0, log_end=T0 + 1000, log_end_exiting=True,
+                                 queuelifetime=100, lifetime_slack=10)
+    assert _kinds(_run(lines, early)) == ["never-ended"]
+
+
+LIFE = messages.HostContext(log_start=T0, log_end=T0 + 5000, log_end_exiting=True,
+                            queuelifetime=100, lifetime_slack=10)
+BORN = ("new msg 9", "info msg 9: bytes 1 from <a@b> qp 9 uid 0",
+        "starting delivery 1: msg 9 to remote x@y", "delivery 1: deferral: later/")
+DYING = "delivery 2: failure: I'm_not_going_to_try_again;_this_message_has_been_in_the_" \
+        "queue_too_long./"
+
+
+def test_expired_then_bounced_is_how_qmail_ends_a_message():
+    for dying_at in (400, 401, 3000):      # on time, a little late, qmail-send was down
+        lines = _log(*BORN) + _log("starting delivery 2: msg 9 to remote x@y", DYING,
+                                   "bounce msg 9 qp 10", "end msg 9", start=T0 + dying_at)
+        assert _kinds(_run(lines, LIFE)) == [], dying_at
+    # a deferral past the last pass is forgiven when the dying failure and bounce follow
+    lines = _log(*BORN) + _log("starting delivery 2: msg 9 to remote x@y",
+                               "delivery 2: deferral: later/", start=T0 + 500) \
+        + _log("starting delivery 3: msg 9 to remote x@y", DYING.replace("2:", "3:"),
+               "bounce msg 9 qp 10", "end msg 9", start=T0 + 1800)
+    assert _kinds(_run(lines, LIFE)) == []
+
+
+def test_past_lifetime_in_the_log():
+    # deferred past the dying pass, then delivered: it should have bounced
+    late = _log(*BORN) + _log("starting delivery 2: msg 9 to remote x@y",
+                              "delivery 2: deferral: later/", start=T0 + 500) \
+        + _log("starting delivery 3: msg 9 to remote x@y", "delivery 3: success: ok/",
+               "end msg 9", start=T0 + 1800)
+    rows = _run(late, LIFE)
+    assert _kinds(rows) == ["past-lifetime"]
+    (f,) = [r[1] for r in rows if r[0] == "f"]
+    assert f[5] == T0 + 1800 + 0.02 and "ended without the failure and bounce" in f[6]
+    # a deferral inside the lifetime is no finding, however late the success
+    early = _log(*BORN) + _log("starting delivery 2: msg 9 to remote x@y",
+                               "delivery 2: deferral: later/", start=T0 + 90) \
+        + _log("starting delivery 3: msg 9 to remote x@y", "delivery 3: success: ok/",
+               "end msg 9", start=T0 + 400)
+    assert _kinds(_run(early, LIFE)) == []
+    # with queuelifetime 50 the local channel's dying pass is at 100 s, the remote one's
+    # at 400 s: a deferral at 150 s is late for local only
+    short = messages.HostContext(log_start=T0, log_end=T0 + 5000, log_end_exiting=True,
+                                 queuelifetime=50, lifetime_slack=10)
+    at150 = _log(*BORN) + _log("starting delivery 2: msg 9 to remote x@y",
+                               "delivery 2: deferral: later/", start=T0 + 150) \
+        + _log("starting delivery 3: msg 9 to remote x@y", "delivery 3: success: ok/",
+               "end msg 9", start=T0 + 600)
+    assert _kinds(_run(at150, short)) == []
+    local = [line.replace("remote", "local") for line in at150]
+    assert _kinds(_run(local, short)) == ["past-lifetime"]
+    # tried again after the dying pass had failed the channel
+    again = _log(*BORN) + _log("starting delivery 2: msg 9 to remote x@y", DYING,
+                               start=T0 + 400) \
+        + _log("starting delivery 3: msg 9 to remote z@y", "delivery 3: success: ok/",
+               "bounce msg 9 qp 10", "end msg 9", start=T0 + 1600)
+    rows = _run(again, LIFE)
+    assert _kinds(rows) == ["past-lifetime"]
+    assert "remote z@y tried again (delivery 3)" in [r[1][6] for r in rows if r[0] == "f"][0]
 
 
 def test_qmailanalog_lines_follow_matchup():
@@ -146,6 +212,32 @@ def test_bad_lines_are_classified():
     assert logparse.parse_line("h", 0, 0, "1795000000.1 delivery 5: succ")[1] == "truncated-line"
     assert logparse.parse_line("h", 0, 0, "1795000000.1 hello there")[1] == "unknown-line"
     assert logparse.parse_line("h", 0, 0, "end msg 5")[1] == "no-timestamp"
+
+
+
+def test_gzip_logs_are_sniffed_and_read_by_their_text():
+    import gzip
+    text = "".join("1795000000.%06d new msg %d\n" % (i, i) for i in range(5000))
+    data = gzip.compress(text.encode())
+    assert data[:2] == inputs.GZIP_MAGIC and b"\0" in data[:inputs.HEAD_BYTES]
+    head = inputs.gunzip_head(data[:inputs.GZIP_HEAD_BYTES])
+    assert head.startswith(b"1795000000.000000 new msg 0\n") and len(head) <= inputs.HEAD_BYTES
+    assert inputs.sniff(head) == "log"
+    lines = list(inputs.gzip_lines(data))
+    assert lines[0] == (0, "1795000000.000000 new msg 0") and lines[-1][0] == 4999
+    snap = gzip.compress(b'{"record": "snapshot"}\r\n')
+    assert inputs.sniff(inputs.gunzip_head(snap)) == "snapshot"
+    assert list(inputs.gzip_lines(snap)) == [(0, '{"record": "snapshot"}')]
+
+
+def test_journalctl_framing_lines_are_ignored_not_bad():
+    for marker in ("-- No entries --", "-- Boot 3f2a9c0d4e5b46a7b8c9d0e1f2a3b4c5 --",
+                   "-- Logs begin at Mon 2026-11-16 08:00:01 UTC, end at Sun 2026-11-22 "
+                   "10:12:14 UTC. --", "-- Journal begins at Mon 2026-11-16 08:00:01 UTC. --",
+                   "-- Reboot --"):
+        assert logparse.parse_line("h", 0, 0, marker) == ("ignored", "journald-marker"), marker
+    # only journalctl's own words: anything else between dashes is still unknown
+    assert logparse.parse_line("h", 0, 0, "-- hello --")[:2] == ("bad", "unknown-line")
 
 
 def test_snapshot_record_checks():

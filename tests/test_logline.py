@@ -91,6 +91,7 @@ def test_safe_rendering_of_texts_and_addresses():
     ("2026-11-22T04:52:15.653157+00:00 end msg 5", 1795323135.653157, None),
     ("2026-11-22T05:52:15+0100 mx1 qmail-send[812]: end msg 5", 1795323135.0, "mx1"),
     ("2026-11-22T04:52:15.653157Z end msg 5", 1795323135.653157, None),
+    ("1795323135 end msg 5", 1795323135.0, None),          # epoch without a fraction
 ])
 def test_timestamp_prefixes(line, when, host):
     e = logline.parse(line)
@@ -103,6 +104,15 @@ def test_unknown_and_truncated_lines():
     assert logline.parse("1795323135.1 something else").kind == "unknown"
     assert logline.parse("1795323135.1 info msg 5: bytes 1").kind == "unknown"
     assert logline.parse("alert: oh no! lost qmail-clean connection! dying...").kind == "alert"
+
+
+def test_integer_epoch_stamps():
+    e = logline.parse("1795000000 new msg 5")
+    assert (e.kind, e.fields, e.time, e.text) == ("new msg", {"n": 5}, 1795000000.0, "new msg 5")
+    assert logline.parse_prefix("1795000000 delivery 3: success: ok/") == (
+        1795000000.0, None, "delivery 3: success: ok/")
+    # a number that is too short for a time stays part of the line
+    assert logline.parse("17950 new msg 5").kind == "unknown"
 
 
 def test_iso_prefix_before_a_line_that_looks_like_a_journald_tag():

@@ -158,6 +158,32 @@ def test_corrupt_lines_are_named():
         list(snapshot.from_notqmail_text(["hello\n"], "h"))
 
 
+def test_wrongly_typed_nested_fields_are_errors_not_records():
+    files = {"mess": {"path": "mess/5/5", "split": 5, "size": 10, "mtime": 1.5, "atime": None,
+                      "inode": 5, "mode": 0o644, "links": 1}}
+    good = snapshot.message_record("h", 5, "dir", files, "a@b",
+                                   [snapshot.recipient("remote", "c@d", False)])
+    assert snapshot.parse_line(snapshot.dumps(good)) == good
+
+    def broken(**changes):
+        rec = json.loads(snapshot.dumps(good))
+        for key, value in changes.items():
+            rec[key] = value
+        return snapshot.dumps(rec)
+
+    cases = [broken(recipients=[1]), broken(recipients=[{"channel": "remote", "done": "no",
+                                                         "address": "c@d"}]),
+             broken(problems=[7]), broken(birth="yesterday"), broken(size=True),
+             broken(files={"mess": dict(files["mess"], mtime="noon")}),
+             broken(files={"mess": dict(files["mess"], inode=[5])})]
+    records, errors = snapshot.read([snapshot.dumps(good)] + cases)
+    assert records == [good]
+    assert [number for number, _text in errors] == list(range(2, 2 + len(cases)))
+    assert errors[0][1] == "message record: recipient 1 is not {channel, address, done}"
+    assert errors[2][1] == "message record: problem 1 is not a string"
+    assert errors[5][1] == "message record: file mess: field 'mtime' of the wrong type"
+
+
 def test_log_backend_home_uses_the_backend_interface(tmp_path):
     pytest.importorskip("qmailpy.backends.logqueue")
     home, queue = _queue(tmp_path)

@@ -85,17 +85,25 @@ def main(argv=None, use_existing_master=False):
     finally:
         if spark is not None:
             spark.stop()
+    tell(result, args.out)
+    return result.exit_code
+
+
+def tell(result, out, stdout=None, stderr=None):
+    """What the command prints about a finished audit."""
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    for text in result.warnings:
+        print("qmail-audit: warning: %s" % text, file=stderr)
     for bad in result.bad_inputs:
         example = bad["examples"][0] if bad["examples"] else {}
         print("qmail-audit: bad input: %d x %s%s" % (
             bad["count"], bad["kind"],
             " (e.g. %s: %s)" % (example.get("path"), example.get("detail")) if example else ""),
-            file=sys.stderr)
+            file=stderr)
     for kind, count in sorted(result.findings_by_kind.items()):
-        print("qmail-audit: %s: %d" % (kind, count), file=sys.stderr)
+        print("qmail-audit: %s: %d" % (kind, count), file=stderr)
     print("qmail-audit: %d violation(s); report: %s" % (
-        result.violations, os.path.join(os.path.abspath(args.out), "report.html")))
-    return result.exit_code
+        result.violations, os.path.join(os.path.abspath(out), "report.html")), file=stdout)
 
 
 if __name__ == "__main__":
