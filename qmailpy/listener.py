@@ -7,6 +7,10 @@ a connection costs a fork, not an interpreter start. At most `limit` children
 run at once; further connections wait in the kernel's backlog. SIGTERM (or
 SIGINT) closes the listening socket and ends the listener; sessions in progress
 finish on their own.
+
+Rules (tcprules' source format, see Rules) decide per client address whether a
+connection is refused before any session runs or which variables its session
+gets, as tcpserver -x does.
 """
 import errno
 import gc
@@ -17,9 +21,16 @@ import socket
 
 
 class Listener:
-    def __init__(self, host, port, handler, limit=40, local_host=None, environ=None):
-        """handler(environ) -> exit status, run in the child with fds 0/1 connected."""
+    def __init__(self, host, port, handler, limit=40, local_host=None, environ=None,
+                 rules=None, warn=None):
+        """handler(environ) -> exit status, run in the child with fds 0/1 connected.
+
+        rules: a Rules object consulted for each connection; warn(text) is told when
+        a changed rules file cannot be used (the previous rules stay in force).
+        """
         self.handler = handler
+        self.rules = rules
+        self.warn = warn
         self.limit = limit
         self.local_host = local_host
         self.environ = dict(os.environ if environ is None else environ)
@@ -100,6 +111,10 @@ class Listener:
                            errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                 return False
             raise
+        allow, variables = self._rule_for(remote[0])
+        if not allow:
+            conn.close()
+            return True
         conn.setblocking(True)
         try:
             pid = os.fork()
@@ -115,14 +130,23 @@ class Listener:
                 os.close(wake_r)
                 os.close(wake_w)
                 self.sock.close()
-                code = self._child(conn, remote)
+                code = self._child(conn, remote, variables)
             finally:
                 os._exit(code)
         self.children.add(pid)
         conn.close()
         return True
 
-    def _child(self, conn, remote):
+    def _rule_for(self, ip):
+        """(allow, variables) for a client; checked in the parent so a denied one costs no fork."""
+        if self.rules is None:
+            return True, ()
+        error = self.rules.refresh()
+        if error is not None and self.warn is not None:
+            self.warn(error)
+        return self.rules.lookup(ip)
+
+    def _child(self, conn, remote, variables):
         local = conn.getsockname()
         env = self.environ
         env["PROTO"] = "TCP"
@@ -134,9 +158,135 @@ class Listener:
             env["TCPLOCALHOST"] = self.local_host
         for name in ("TCPREMOTEHOST", "TCPREMOTEINFO"):
             env.pop(name, None)
+        env.update(variables)
         os.dup2(conn.fileno(), 0)
         os.dup2(conn.fileno(), 1)
         conn.close()
         os.environ.clear()
         os.environ.update(env)
         return self.handler(env)
+
+
+class Rules:
+    """Per-client rules in tcprules' source format, read from a text file.
+
+    A line is ADDRESS:allow or ADDRESS:deny, optionally followed by
+    ,VAR="value" settings (any character may stand for the quotes); lines
+    starting with # are comments. As tcpserver does, a client's rule is the one
+    for its exact address, else for the longest prefix of it ending in a dot,
+    else for the empty address; of several lines with the same address the
+    first counts. A range like 10.1-3. stands for 10.1., 10.2. and 10.3.
+    Addresses with = or @ (host names, ident) never match: the listener looks
+    neither up. No rule for a client: allowed, nothing set.
+
+    The file is reread when its inode, size or mtime changes, so checking it
+    costs one stat per connection. An absent file means no rules.
+    """
+
+    def __init__(self, path):
+        self.path = path
+        self.signature = None
+        self.table = {}
+
+    def refresh(self):
+        """Reread the file if it changed; an error text (old rules kept) or None."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            signature = None
+        except OSError as e:
+            return self._failed(("stat", e.errno), "unable to stat %s: %s" % (self.path, e.strerror))
+        else:
+            signature = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if signature == self.signature:
+            return None
+        if signature is None:
+            self.signature, self.table = None, {}
+            return None
+        try:
+            with open(self.path, encoding="utf-8", errors="surrogateescape") as f:
+                table = parse_rules(f.read())
+        except OSError as e:
+            return self._failed(signature, "unable to read %s: %s" % (self.path, e.strerror))
+        except ValueError as e:
+            return self._failed(signature, "unable to parse %s: %s" % (self.path, e))
+        self.signature, self.table = signature, table
+        return None
+
+    def _failed(self, signature, text):
+        # Report a broken file once, not on every connection, until it changes again.
+        if signature == self.signature:
+            return None
+        self.signature = signature
+        return text
+
+    def lookup(self, ip):
+        """(allow, ((name, value), ...)) for a client address."""
+        table = self.table
+        rule = table.get(ip)
+        end = len(ip)
+        while rule is None:
+            end = ip.rfind(".", 0, end)
+            if end < 0:
+                return table.get("", (True, ()))
+            rule = table.get(ip[:end + 1])
+        return rule
+
+
+def parse_rules(text):
+    """{address: (allow, variables)} from rules text; ValueError names a bad line."""
+    table = {}
+    for number, line in enumerate(text.split("\n"), 1):
+        line = line.rstrip(" \t\r")
+        if not line or line[0] == "#":
+            continue
+        try:
+            address, rule = _parse_rule(line)
+            if "=" in address or "@" in address:
+                continue
+            keys = _expand_range(address)
+        except ValueError:
+            raise ValueError("line %d: %s" % (number, line)) from None
+        for key in keys:
+            table.setdefault(key, rule)
+    return table
+
+
+def _parse_rule(line):
+    if "\0" in line:
+        raise ValueError(line)
+    # The address may itself hold colons (IPv6): the separator is the colon before the verb.
+    colon = line.find(":")
+    while colon >= 0 and not line.startswith(("allow", "deny"), colon + 1):
+        colon = line.find(":", colon + 1)
+    if colon < 0:
+        raise ValueError(line)
+    allow = line.startswith("allow", colon + 1)
+    rest = line[colon + (6 if allow else 5):]
+    variables = []
+    while rest:
+        equals = rest.find("=")
+        if rest[0] != "," or equals < 2 or equals + 1 == len(rest):
+            raise ValueError(line)
+        close = rest.find(rest[equals + 1], equals + 2)
+        if close < 0:
+            raise ValueError(line)
+        variables.append((rest[1:equals], rest[equals + 2:close]))
+        rest = rest[close + 1:]
+    return line[:colon], (allow, tuple(variables))
+
+
+def _expand_range(address):
+    """tcprules' ranges: 1.2.3.37-43 and 10.1-3. name each number in between."""
+    dash = address.find("-")
+    if dash < 0:
+        return [address]
+    left = address.rfind(".", 0, dash) + 1
+    right = address.find(".", dash)
+    if right < 0:
+        right = len(address)
+    low, high = address[left:dash], address[dash + 1:right]
+    if not (low.isdigit() and high.isdigit() and low.isascii() and high.isascii()):
+        raise ValueError(address)
+    head, tail = address[:left], address[right:]
+    return [head + str(n) + tail for n in range(int(low), min(int(high), 255) + 1)]

@@ -1,4 +1,7 @@
-"""qmail-smtpd-listen [-c limit] [-l localname] HOST:PORT: a forking listener for qmail-smtpd."""
+"""qmail-smtpd-listen [-c limit] [-l localname] HOST:PORT: a forking listener for qmail-smtpd.
+
+Per-client rules (tcprules' source format) come from control/smtpclients.
+"""
 import os
 import sys
 
@@ -27,6 +30,15 @@ def _parse(argv):
     return host.strip("[]"), int(port), limit, local
 
 
+def _warn(text):
+    # Called in the accept loop: a lost log must not end the listener.
+    try:
+        sys.stderr.write("qmail-smtpd-listen: warning: %s; previous rules kept\n" % text)
+        sys.stderr.flush()
+    except OSError:
+        pass
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parsed = _parse(argv)
@@ -35,7 +47,7 @@ def main(argv=None):
         return 100
     host, port, limit, local = parsed
     from qmailpy.home import ControlError, control_value, qmail_home
-    from qmailpy.listener import Listener
+    from qmailpy.listener import Listener, Rules
     # Loaded once here so that each forked session starts with them in memory.
     from qmailpy.smtpd import privileges, session
     from qmailpy import privs
@@ -60,8 +72,14 @@ def main(argv=None):
             return 1
         return session.serve(home, environ)
 
+    rules = Rules(os.path.join(home, "control", "smtpclients"))
+    error = rules.refresh()
+    if error is not None:
+        sys.stderr.write("qmail-smtpd-listen: fatal: %s\n" % error)
+        return 111
     try:
-        listener = Listener(host, port, handler, limit=limit, local_host=local)
+        listener = Listener(host, port, handler, limit=limit, local_host=local,
+                            rules=rules, warn=_warn)
     except OSError as e:
         sys.stderr.write("qmail-smtpd-listen: fatal: unable to bind %s:%d: %s\n"
                          % (host, port, e.strerror))
