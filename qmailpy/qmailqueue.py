@@ -20,6 +20,7 @@ setuid, so when started as root run() switches to the home's qmailq account
 line and the u record; started as any other user it runs as that user, which
 in a multi-user home must be qmailq (or $QMAILQUEUE must name a setuid wrapper).
 """
+import fcntl
 import os
 import time
 
@@ -129,14 +130,17 @@ def prepare(home):
 
 def run(home, msg_fd=0, env_fd=1):
     """Queue one message; the exit code of qmail-queue (spec §4)."""
+    queue = _Queue(home, msg_fd, env_fd)
     try:
-        return _Queue(home, msg_fd, env_fd).run()
+        return queue.run()
     except _Exit as e:
         return e.code
     except MemoryError:
         return 51
     except Exception:                     # a bug of ours: qmail's "qq internal bug"
         return 81
+    finally:
+        queue.release_queue()
 
 
 class _Queue:
@@ -144,6 +148,7 @@ class _Queue:
         self.home, self.msg_fd, self.env_fd = home, msg_fd, env_fd
         self.mess_fd = self.intd_fd = None
         self.messfn = self.intdfn = None
+        self.queue_fd = None
 
     def die(self, code):
         raise _Exit(code)
@@ -184,11 +189,6 @@ class _Queue:
         except (OSError, privs.PrivError):
             self.die(61)
         try:
-            from qmailpy.backends import backend_name
-            log_backend = backend_name(self.home) == "log"
-        except (ValueError, OSError):
-            self.die(55)
-        try:
             os.chdir(self.home)
         except OSError:
             self.die(61)
@@ -196,6 +196,12 @@ class _Queue:
             os.chdir("queue")
         except OSError:
             self.die(62)
+        self.hold_queue()
+        try:
+            from qmailpy.backends import backend_name
+            log_backend = backend_name(self.home) == "log"
+        except (ValueError, OSError):
+            self.die(55)
         received = received_line(pid, received_who(uid, role_uids), start)
 
         # S1 -> S2: a fresh inode under pid/, linked into mess/ under its number.
@@ -277,6 +283,21 @@ class _Queue:
         from qmailpy.trigger import pull
         pull(".")
         return 0
+
+    def hold_queue(self):
+        """A shared flock on the queue directory until we return: `qmailctl convert` takes it
+        exclusively, so a conversion waits for us and we wait for it; the backend is
+        read only once we hold it."""
+        try:
+            self.queue_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+            fcntl.flock(self.queue_fd, fcntl.LOCK_SH)
+        except OSError:
+            self.die(62)
+
+    def release_queue(self):
+        if self.queue_fd is not None:
+            os.close(self.queue_fd)
+            self.queue_fd = None
 
     def copy_envelope(self, out):
         """Read F sender NUL (T rcpt NUL)* NUL from fd 1, writing records to intd as they arrive."""

@@ -2,6 +2,7 @@
 import fcntl
 import os
 import subprocess
+import time
 
 from qmailpy.backends import dirlist
 from qmailpy.backends.dirqueue import DirQueue
@@ -100,3 +101,102 @@ def test_convert_refuses_while_qmail_send_runs(qmail_home):
     assert b"qmail-send is running" in done.stderr
     assert _files(qmail_home.queue) == before
     assert not os.path.exists(os.path.join(qmail_home.path, "control", "queuebackend"))
+
+
+def _queue_dir_locked(queue):
+    fd = os.open(queue, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _race_convert_with_qmail_queue(qmail_home, to):
+    """A qmail-queue that started before `convert --to` finishes its message after:
+    the conversion waits for it and its message is in the converted queue."""
+    env_r, env_w = os.pipe()
+    inject = subprocess.Popen(["qmail-queue"], stdin=subprocess.PIPE, stdout=env_r, env=qmail_home.env)
+    os.close(env_r)
+    convert = None
+    try:
+        deadline = time.monotonic() + 30
+        while not _queue_dir_locked(qmail_home.queue):    # qmail-queue holds its shared lock
+            assert inject.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        convert = subprocess.Popen(["qmailctl", "convert", "--to", to, "--quiet", "--home", qmail_home.path],
+                                   stderr=subprocess.PIPE, env=qmail_home.env)
+        assert convert.stderr.readline() == (
+            b"qmailctl convert: waiting for running qmail-queue processes to finish\n")
+        inject.stdin.write(b"Subject: late\n\nlate\n")
+        inject.stdin.close()
+        os.write(env_w, b"Flate@x.example\0Tlate-%s@r.example\0\0" % to.encode())
+        os.close(env_w)
+        env_w = None
+        assert inject.wait(timeout=30) == 0
+        rest = convert.stderr.read()
+        assert convert.wait(timeout=60) == 0, rest
+    finally:
+        if env_w is not None:
+            os.close(env_w)
+        for proc in (inject, convert):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return rest
+
+
+def test_convert_waits_for_a_running_qmail_queue_both_ways(qmail_home):
+    ns = _build_dir_queue(qmail_home)
+    rest = _race_convert_with_qmail_queue(qmail_home, "log")
+    assert b"5 messages moved to the log backend, verified" in rest
+    assert _files(qmail_home.queue) == {}                  # no todo/ file stranded
+    lq = LogQueue(qmail_home.path)
+    states = lq.latest_states()
+    lq.close()
+    late = [n for n in states if n not in ns]
+    assert len(late) == 1 and states[late[0]]["rec"].recipients == [b"late-log@r.example"]
+
+    rest = _race_convert_with_qmail_queue(qmail_home, "dir")
+    assert b"6 messages moved to the dir backend, verified" in rest
+    todo = sorted(os.listdir(os.path.join(qmail_home.queue, "todo")))
+    assert len(todo) == 3 and str(late[0]) in todo and str(ns[3]) in todo
+    with open(os.path.join(qmail_home.path, "control", "queuebackend")) as f:
+        assert f.read() == "dir\n"
+
+
+CRASH_STEPS = ("marker", "target-half", "target", "switched", "source-half")
+
+
+def _convert_killed_at(qmail_home, to, step):
+    env = dict(qmail_home.env, QMAILPY_CONVERT_CRASH_AT=step)
+    done = qmail_home.run(["qmailctl", "convert", "--to", to, "--quiet", "--home", qmail_home.path], env=env)
+    assert done.returncode == -9, (step, done.stderr)
+    done = qmail_home.run(["qmailctl", "convert", "--to", to, "--quiet", "--home", qmail_home.path])
+    assert done.returncode == 0, (step, done.stderr)
+    assert not os.path.exists(os.path.join(qmail_home.queue, "lock", "convert"))
+    with open(os.path.join(qmail_home.path, "control", "queuebackend")) as f:
+        assert f.read() == to + "\n"
+    return done.stderr
+
+
+def test_convert_killed_at_every_step_is_finished_by_a_rerun(qmail_home):
+    queue = qmail_home.queue
+    _build_dir_queue(qmail_home)
+    dir_files = _files(queue)
+    views = sorted(_views(dirlist.list_messages(queue)), key=lambda v: (v[0] % 23, v[0]))
+    for step in CRASH_STEPS:
+        said = _convert_killed_at(qmail_home, "log", step)
+        assert (b"finishing an interrupted" in said) == (step in ("switched", "source-half")), step
+        assert _files(queue) == {}, step
+        lq = LogQueue(qmail_home.path)
+        assert _views(lq.list_messages()) == views, step
+        assert lq.counts() == (4, 1), step
+        lq.close()
+
+        said = _convert_killed_at(qmail_home, "dir", step)
+        assert (b"discarding an interrupted" in said) == (step in CRASH_STEPS[:3]), step
+        assert _files(queue) == dir_files, step            # bytes and mtimes
+        assert [x for x in os.listdir(os.path.join(queue, "log")) if x.endswith(".seg")] == [], step

@@ -1,5 +1,7 @@
 """The log backend's record format: round trips, checksums, torn tails, corrupt middles."""
 import os
+import shutil
+import time
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -8,7 +10,7 @@ from qmailpy.backends import logrecords as R
 from qmailpy.backends.logqueue import QUARANTINE, LogQueue
 from qmailpy.backends.logenqueue import enqueue
 
-from logqueue_harness import make_queue
+from logqueue_harness import deliver_all, deliveries, make_queue, route
 
 addr = st.binary(max_size=60)
 t32 = st.integers(0, 2**32 - 1)
@@ -151,3 +153,87 @@ def test_flipped_byte_in_a_middle_record_is_quarantined_and_reported(tmp_path):
     # the body of the message whose envelope is quarantined is never cleaned as stale
     assert list(lq.stale_messages(2**40)) == []
     lq.close()
+
+
+# --- damaged bytes anywhere in a middle record, flags included ------------------------
+
+def _history_queue(tmp_path):
+    """A queue whose log holds every record type, all followed by a later record.
+
+    Message a: local done, one remote bounced, one remote deferred an hour (its
+    REPLACEMENT is live); b: delivered and finished; c: enqueued last (live ENVELOPE).
+    Returns the home and the (n, recipient) deliveries still owed."""
+    home = make_queue(tmp_path)
+    queue = os.path.join(home, "queue")
+    na = enqueue(queue, b"a\n", b"s@x.example", [b"a@test.example", b"b@r.example", b"c@r.example"])
+    nb = enqueue(queue, b"b\n", b"s@x.example", [b"d@test.example"])
+    lq = LogQueue(home)
+    lq.startup()
+    for n in lq.new_work():
+        lq.preprocess(n, route)
+    for rec in lq.recipients(na, "local"):
+        lq.mark_done(na, "local", rec)
+    lq.finish_channel(na, "local")
+    bounced = lq.recipients(na, "remote")[1]
+    lq.add_bounce_note(na, b"<c@r.example>:\nno\n\n")
+    lq.mark_done(na, "remote", bounced)
+    lq.reschedule(na, "remote", int(time.time()) + 3600)
+    lq.mark_done(nb, "local", lq.recipients(nb, "local")[0])
+    lq.finish_channel(nb, "local")
+    lq.complete(nb)
+    lq.checkpoint(force=True)                     # garbage flags written in place
+    lq.close()
+    nc = enqueue(queue, b"c\n", b"s@x.example", [b"e@r.example"])
+    return home, {(na, b"b@r.example"), (nc, b"e@r.example")}
+
+
+def _damage_and_deliver(base, work, offset, value, checkpoint):
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(base, work, symlinks=True)
+    seg = os.path.join(work, "queue", "log", "0000000001.seg")
+    with open(seg, "r+b") as f:
+        f.seek(offset)
+        f.write(bytes((value,)))
+    if not checkpoint:
+        os.unlink(os.path.join(work, "queue", "log", "checkpoint"))
+    lq = LogQueue(work)
+    try:
+        lq.startup()
+        deliver_all(lq, os.path.join(work, "deliveries"), now=int(time.time()) + 10**6)
+        return lq.problems, set(deliveries(os.path.join(work, "deliveries")))
+    finally:
+        lq.close()
+
+
+def test_every_damaged_byte_of_a_middle_record_is_delivered_or_reported(tmp_path):
+    base, owed = _history_queue(tmp_path / "base")
+    with open(os.path.join(base, "queue", "log", "0000000001.seg"), "rb") as f:
+        data = f.read()
+    records, problems, _ = R.decode(data, 1)
+    assert problems == []
+    assert {r.type for r in records[:-1]} == set(R.TYPE_NAMES)
+    assert any(r.garbage for r in records) and any(r.flags == R.LIVE and r.type in R.SNAPSHOTS
+                                                   for r in records)
+    work = str(tmp_path / "work")
+    for rec in records[:-1]:                      # the last (c's ENVELOPE) is the tail
+        start = rec.pos[1]
+        flag = start + R.FLAGS_OFFSET
+        cases = [(start + i, data[start + i] ^ 0x01, True) for i in range(rec.length)]
+        values = {data[flag] ^ (1 << b) for b in range(8)} | {0, 1, 0xFF, R.LIVE} - {R.GARBAGE}
+        cases += [(flag, v, checkpoint) for v in sorted(values) for checkpoint in (True, False)]
+        for offset, value, checkpoint in cases:
+            found, delivered = _damage_and_deliver(base, work, offset, value, checkpoint)
+            assert found or owed <= delivered, (rec, offset - start, value, checkpoint, delivered)
+
+
+def test_a_damaged_flag_on_a_live_snapshot_is_reported_and_the_message_kept(tmp_path):
+    base, owed = _history_queue(tmp_path / "base")
+    with open(os.path.join(base, "queue", "log", "0000000001.seg"), "rb") as f:
+        records, _, _ = R.decode(f.read(), 1)
+    live = [r for r in records if r.type in R.SNAPSHOTS and not r.garbage]
+    assert len(live) == 1
+    offset = live[0].pos[1] + R.FLAGS_OFFSET
+    found, delivered = _damage_and_deliver(base, str(tmp_path / "work"), offset, R.LIVE ^ 0x01, True)
+    assert owed <= delivered
+    assert [(p.kind, p.start, p.flags) for p in found] == [(R.FLAG, live[0].pos[1], R.LIVE ^ 0x01)]
+    assert "damaged garbage flag 0x4d" in found[0].describe()

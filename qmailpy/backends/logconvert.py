@@ -1,18 +1,21 @@
 """Moving a stopped queue between the directory and the log backend (qmailctl convert).
 
 Bodies stay where they are (mess/ is the same in both backends); only envelopes
-and S5 state move. The order is always: write the target, make it durable,
+and S5 state move. dir_to_log and log_to_dir write the target, make it durable,
 read it back and compare it with the source (every message, sender, recipient,
-DONE mark and bounce note), and only then remove the source. A conversion that
-fails verification removes nothing of the source and exits non-zero.
+DONE mark and bounce note); they never touch the source. The caller (qmailctl
+convert) then switches control/queuebackend and only then calls remove_dir or
+remove_log on the source; discarding a half-written target uses the same two.
 
-The queue must be stopped: the caller holds lock/sendmutex for the whole run.
+The queue must be stopped: the caller holds lock/sendmutex and keeps qmail-queue
+out for the whole run. `step(name)` is called at each point where a crash would
+leave a different state on disk (tests kill the process there).
 """
 import os
 
 from qmailpy import envelope, states
 from qmailpy.backends import logrecords as R
-from qmailpy.backends.logcommit import LOG_DIR, LogWriter, list_segments, segment_name
+from qmailpy.backends.logcommit import LOG_DIR, LogWriter, fsync_dir, list_segments, segment_name
 from qmailpy.backends.logqueue import CHECKPOINT, LogQueue
 from qmailpy.layout import SPLIT, is_number
 
@@ -114,13 +117,24 @@ class Progress:
 
 # --- dir -> log ---------------------------------------------------------------------
 
-def dir_to_log(home, progress=None):
+ENVELOPE_DIRS = ("todo", "intd", "bounce") + tuple(
+    "%s/%d" % (kind, s) for kind in ("info", "local", "remote") for s in range(SPLIT))
+
+
+def _no_step(name):
+    pass
+
+
+def dir_to_log(home, progress=None, step=_no_step):
     queue = os.path.join(home, "queue")
     source = dir_messages(queue)
     bar = Progress(len(source), "converting to log", progress)
     writer = LogWriter(os.path.join(queue, LOG_DIR))
     try:
-        for n in sorted(source):
+        for i, n in enumerate(sorted(source)):
+            if i == len(source) // 2:
+                writer.sync_all()
+                step("target-half")
             state, sender, chans, notes, extra = source[n]
             if state == states.S4:
                 uid, pid = extra
@@ -150,15 +164,35 @@ def dir_to_log(home, progress=None):
     if bad:
         raise ConvertError("verification failed for %d messages (first: %d); the directory queue is untouched"
                            % (len(bad), bad[0]))
-    for n, (state, *_rest) in source.items():
-        kinds = ["todo/%d" % n, "intd/%d" % n, _rel("info", n), _rel("local", n),
-                 _rel("remote", n), "bounce/%d" % n]
-        for rel in kinds:
-            try:
-                os.unlink(os.path.join(queue, rel))
-            except FileNotFoundError:
-                pass
     return len(source)
+
+
+def remove_dir(queue, step=_no_step):
+    """Remove every envelope-side file of the directory backend (not mess/ or pid/)."""
+    for i, d in enumerate(ENVELOPE_DIRS):
+        path = os.path.join(queue, d)
+        for n in _numbers(path):
+            os.unlink(os.path.join(path, str(n)))
+        fsync_dir(path)
+        if i == len(ENVELOPE_DIRS) // 2:
+            step("source-half")
+
+
+def remove_log(queue, step=_no_step):
+    """Remove the log backend's segments, checkpoint and commit word."""
+    logdir = os.path.join(queue, LOG_DIR)
+    segments = list_segments(logdir)
+    for i, seg in enumerate(segments):
+        os.unlink(os.path.join(logdir, segment_name(seg)))
+        if i == len(segments) // 2:
+            step("source-half")
+    for name in (CHECKPOINT, "commit"):
+        try:
+            os.unlink(os.path.join(logdir, name))
+        except FileNotFoundError:
+            pass
+    if os.path.isdir(logdir):
+        fsync_dir(logdir)
 
 
 def _size(queue, n):
@@ -196,7 +230,7 @@ def _write_file(path, data, mtime=None, mode=0o600):
         os.utime(path, (mtime, mtime))
 
 
-def log_to_dir(home, progress=None):
+def log_to_dir(home, progress=None, step=_no_step):
     queue = os.path.join(home, "queue")
     lq = LogQueue(home)
     lq.recover()                      # reconciles half-finished passes first
@@ -204,7 +238,9 @@ def log_to_dir(home, progress=None):
     source = log_messages(lq)
     bar = Progress(len(latest), "converting to dir", progress)
     try:
-        for n in sorted(latest):
+        for i, n in enumerate(sorted(latest)):
+            if i == len(latest) // 2:
+                step("target-half")
             m = latest[n]
             rec = m["rec"]
             if m["state"] == states.S4:
@@ -224,6 +260,8 @@ def log_to_dir(home, progress=None):
             bar.step()
     finally:
         bar.end()
+    for d in ENVELOPE_DIRS:
+        fsync_dir(os.path.join(queue, d))
     target = dir_messages(queue)
     bad = _same(source, target)
     if bad:
@@ -231,12 +269,4 @@ def log_to_dir(home, progress=None):
         raise ConvertError("verification failed for %d messages (first: %d); the log is untouched"
                            % (len(bad), bad[0]))
     lq.close()
-    logdir = os.path.join(queue, LOG_DIR)
-    for seg in list_segments(logdir):
-        os.unlink(os.path.join(logdir, segment_name(seg)))
-    for name in (CHECKPOINT, "commit"):
-        try:
-            os.unlink(os.path.join(logdir, name))
-        except FileNotFoundError:
-            pass
     return len(source)

@@ -15,7 +15,11 @@ live record, and qmail-send keeps in memory only messages in flight (`active`).
 Finding work without an index: queue runners, each a cursor that walks the log a
 fixed lag behind the head (RUNNER_LAGS). A runner meeting a live snapshot whose
 next attempt is due offers it; one not due yet is left to the slowest runner
-that will still meet it before it is due; the runner that owns it waits on it.
+that will still meet it before it is due; the runner that owns it remembers
+(due, position) in a heap and walks on, so a record written later but due
+sooner is not held up behind it. The heap is bounded (RUNNER_HELD); a full heap
+makes the runner wait at the record instead. A runner's restart position is the
+oldest of its cursor and its heap, so nothing it passed is lost in a crash.
 Deferred messages move to the head with each REPLACEMENT, so old segments empty.
 
 Durability: ENVELOPE (qmail-queue) and DELIVERY records are fsync'd before
@@ -39,6 +43,7 @@ loop, wakes at `next_wakeup()`, and forgets an entry when `reschedule()` returns
 True (the runners will offer it again). DirQueue inherits defaults that keep
 today's behaviour.
 """
+import heapq
 import json
 import os
 import time
@@ -58,6 +63,7 @@ CHANNELS = R.CHANNELS
 # one lag step late.
 RUNNER_LAGS = (0, 60, 300, 900, 2700, 7200, 21600)
 RUNNER_BATCH = 2000           # records one runner looks at per due() call
+RUNNER_HELD = 4096            # not-yet-due snapshots one runner remembers having passed
 FLUSH_IN_FLIGHT = 1000        # run_all_now(): messages offered at once
 CHECKPOINT_EVERY = 5
 CHECKPOINT = "checkpoint"
@@ -180,10 +186,21 @@ class _Cursor:
 
 
 class _Runner:
-    __slots__ = ("lag", "cursor", "wake")
+    __slots__ = ("lag", "cursor", "wake", "held")
 
     def __init__(self, lag, cursor):
         self.lag, self.cursor, self.wake = lag, cursor, 0
+        self.held = []               # heap of (due, position) of snapshots it owns and passed
+
+    def hold(self, due, pos):
+        heapq.heappush(self.held, (due, pos))
+        self.wait_until(due)
+
+    def wait_until(self, when):
+        self.wake = min(self.wake, when) if self.wake else when
+
+    def restart_pos(self):
+        return min([self.cursor.pos] + [pos for _, pos in self.held])
 
 
 class LogQueue(QueueBackend):
@@ -286,6 +303,14 @@ class LogQueue(QueueBackend):
                 f.flush()
                 os.fsync(f.fileno())
         self._warn(problem.describe())
+
+    def _flagged_garbage(self, flags, pos, length):
+        """True for a record flagged garbage; a damaged flag is reported and read as live."""
+        if flags == R.GARBAGE:
+            return True
+        if flags != R.LIVE:
+            self._problem(R.flag_problem(flags, pos[0], pos[1], length), b"")
+        return False
 
     # -- appending -------------------------------------------------------------
     def _append(self, data, durable=False):
@@ -412,7 +437,7 @@ class LogQueue(QueueBackend):
             return
         if t == R.ENVELOPE:
             self._count(rec.pos, 1)              # its PREPROCESSED, if any, follows and uncounts it
-            if not rec.garbage:
+            if not self._flagged_garbage(rec.flags, rec.pos, rec.length):
                 self.pending_new[n] = rec.pos
         elif t in R.SNAPSHOTS:
             if t == R.PREPROCESSED:
@@ -542,10 +567,7 @@ class LogQueue(QueueBackend):
                 self.live.pop(seg, None)
 
     def _write_checkpoint(self, replay):
-        runners = []
-        for r in self.runners:
-            pos = r.cursor.pos
-            runners.append(list(pos))
+        runners = [list(r.restart_pos()) for r in self.runners]
         body = json.dumps({
             "version": 1, "replay": list(replay), "runners": runners,
             "counts": {str(k): v for k, v in self.live.items() if v > 0},
@@ -576,7 +598,8 @@ class LogQueue(QueueBackend):
                 return
             type, flags, _, n, _, length = head
             pos = cur.pos
-            if type == R.ENVELOPE and flags != R.GARBAGE and pos not in self.garbage:
+            if (type == R.ENVELOPE and pos not in self.garbage
+                    and not self._flagged_garbage(flags, pos, length)):
                 if n not in self.pending_new:
                     self.pending_new[n] = pos
                     self._count(pos, 1)
@@ -635,8 +658,9 @@ class LogQueue(QueueBackend):
         return found
 
     def _walk(self, r, slower, now, found):
+        self._offer_held(r, now, found)
         cur = r.cursor
-        r.wake = 0
+        r.wake = r.held[0][0] if r.held else 0
         garbage, active = self.garbage, self.active
         for _ in range(RUNNER_BATCH):
             head = cur.peek_schedule()
@@ -644,10 +668,10 @@ class LogQueue(QueueBackend):
                 return
             type, flags, written, n, dues, length = head
             if written + r.lag > now:
-                r.wake = written + r.lag
+                r.wait_until(written + r.lag)
                 return
-            if (dues is not None and flags != R.GARBAGE and n not in active
-                    and (cur.seg, cur.off) not in garbage):
+            if (dues is not None and n not in active and (cur.seg, cur.off) not in garbage
+                    and not self._flagged_garbage(flags, cur.pos, length)):
                 ready = [c for c, due in dues.items() if due <= now]
                 if not dues or ready:
                     rec = cur.peek()
@@ -657,10 +681,28 @@ class LogQueue(QueueBackend):
                 else:
                     t = min(dues.values())
                     if slower is None or written + slower > t:
-                        r.wake = t               # this runner owns it: wait here
-                        return
+                        if len(r.held) >= RUNNER_HELD:
+                            r.wait_until(t)      # heap full: wait here
+                            return
+                        r.hold(t, cur.pos)       # this runner owns it
             cur.skip(length)
         r.wake = now                             # more to read: come back at once
+
+    def _offer_held(self, r, now, found):
+        """Offer the snapshots this runner passed before they were due, now due."""
+        while r.held and r.held[0][0] <= now:
+            _, pos = heapq.heappop(r.held)
+            if pos in self.garbage:
+                continue
+            try:
+                rec = self._read_at(pos)
+            except QueueError:
+                continue                         # its segment is gone: it was garbage
+            if (rec.type not in R.SNAPSHOTS or rec.n in self.active
+                    or self._flagged_garbage(rec.flags, pos, rec.length)):
+                continue
+            ready = [c for c, (due, _) in rec.channels.items() if due <= now]
+            self._offer(rec, ready or [None], now, found)
 
     def run_all_now(self):
         """SIGALRM (spec §6.7): offer every queued channel now, whatever its schedule.
@@ -684,8 +726,8 @@ class LogQueue(QueueBackend):
                 self.flusher = None
                 return
             type, flags, _, n, dues, length = head
-            if (dues is not None and flags != R.GARBAGE and n not in self.active
-                    and cur.pos not in self.garbage):
+            if (dues is not None and n not in self.active and cur.pos not in self.garbage
+                    and not self._flagged_garbage(flags, cur.pos, length)):
                 rec = cur.peek()
                 if rec is None:
                     return

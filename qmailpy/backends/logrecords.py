@@ -10,7 +10,10 @@ followed by records, each
 
 The CRC-32C covers the magic, type, length and payload but NOT the flags byte:
 flags hold the garbage mark, which is written in place with one pwrite() when a
-later record supersedes this one. Integers are little-endian. Every payload
+later record supersedes this one. Because nothing checks that byte, live and
+garbage are two bytes five bits apart ('L' and 'S'), and any other value is read
+as live and reported (flag_problem): a damaged flag may cause a repeat delivery,
+never a silently hidden message. Integers are little-endian. Every payload
 starts with the write time (u32, epoch seconds) and the message number (u64).
 
 A decoder reading a segment reports three outcomes besides records: a torn tail
@@ -52,7 +55,7 @@ def _load_native_crc32c():
 
 _crc32c_native = _load_native_crc32c()
 
-VERSION = 1
+VERSION = 2                             # 1: flags 0 live, 1 garbage (one bit flip apart)
 SEGMENT_MAGIC = b"QMAILLOG"
 SEGMENT_HEADER = struct.Struct("<8sIQI")
 HEADER_SIZE = SEGMENT_HEADER.size       # 24
@@ -62,7 +65,7 @@ RECORD_HEADER_SIZE = RECORD_HEADER.size  # 12
 FLAGS_OFFSET = 3                        # of the flags byte inside a record
 MAX_PAYLOAD = 64 * 1024 * 1024
 
-LIVE, GARBAGE = 0, 1
+LIVE, GARBAGE = 0x4C, 0x53             # b"L", b"S" (superseded)
 
 ENVELOPE, PREPROCESSED, START, DELIVERY, BOUNCE_NOTE, REPLACEMENT, FINISH = range(1, 8)
 TYPE_NAMES = {ENVELOPE: "ENVELOPE", PREPROCESSED: "PREPROCESSED", START: "START",
@@ -380,24 +383,36 @@ def schedule(data, pos=0):
 
 
 class Problem:
-    """A torn tail or corrupt middle stretch found while decoding a segment."""
-    __slots__ = ("kind", "segment", "start", "end")
+    """A torn tail or corrupt middle stretch found while decoding a segment,
+    or a record whose flags byte is neither LIVE nor GARBAGE (kind FLAG)."""
+    __slots__ = ("kind", "segment", "start", "end", "flags")
 
-    def __init__(self, kind, segment, start, end):
+    def __init__(self, kind, segment, start, end, flags=None):
         self.kind, self.segment, self.start, self.end = kind, segment, start, end
+        self.flags = flags
 
     def __repr__(self):
         return "Problem(%s, segment %d, bytes %d-%d)" % (self.kind, self.segment, self.start, self.end)
 
     def describe(self):
-        if self.kind == "torn":
+        if self.kind == TORN:
             return ("log segment %d: torn record at offset %d (%d bytes) ignored"
                     % (self.segment, self.start, self.end - self.start))
+        if self.kind == FLAG:
+            return ("log segment %d: record at offset %d has a damaged garbage flag 0x%02x; kept as live"
+                    % (self.segment, self.start, self.flags))
         return ("log segment %d: corrupt record at offset %d (%d bytes) quarantined"
                 % (self.segment, self.start, self.end - self.start))
 
 
-TORN, CORRUPT = "torn", "corrupt"
+TORN, CORRUPT, FLAG = "torn", "corrupt", "flag"
+
+
+def flag_problem(flags, segment, start, length):
+    """A FLAG Problem for a record whose flags byte is damaged, else None."""
+    if flags == LIVE or flags == GARBAGE:
+        return None
+    return Problem(FLAG, segment, start, start + length, flags)
 
 
 def decode(data, segment, start=HEADER_SIZE, final=True):
