@@ -46,9 +46,10 @@ today's behaviour.
 import heapq
 import json
 import os
+import signal
 import time
 
-from qmailpy import states
+from qmailpy import logline, states
 from qmailpy.backends import logrecords as R
 from qmailpy.backends.base import MessageView, Preprocessed, QueueBackend, QueueError, Scheduled
 from qmailpy.backends.logcommit import (LOG_DIR, SEGMENT_LIMIT, LogWriter, fsync_dir, list_segments,
@@ -70,6 +71,19 @@ CHECKPOINT = "checkpoint"
 QUARANTINE = "quarantine"
 OSSIFIED = 129600
 _CHUNK = 256 * 1024
+# Test hook (crash tests): with QMAILPY_LOG_KILL_AT=K in its environment, the process
+# SIGKILLs itself right after its K-th record append reaches the segment file. Read
+# once per LogQueue; counted here and not in LogWriter, so that only the process
+# driving the LogQueue (qmail-send) counts, not a qmail-queue child it forks.
+KILL_AT_ENV = "QMAILPY_LOG_KILL_AT"
+
+
+def _kill_at_from_env():
+    value = os.environ.get(KILL_AT_ENV)
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        return 0
 
 
 def _now():
@@ -229,6 +243,8 @@ class LogQueue(QueueBackend):
         self.recovered = False
         self.flusher = None           # (cursor, stop) of a run_all_now() sweep
         self.to_clean = []            # finished messages whose mess/ file goes after the next fsync
+        self._kill_at = _kill_at_from_env()   # test hook (KILL_AT_ENV); 0 = off
+        self._appends = 0
 
     # -- files ---------------------------------------------------------------
     @property
@@ -315,9 +331,14 @@ class LogQueue(QueueBackend):
     # -- appending -------------------------------------------------------------
     def _append(self, data, durable=False):
         try:
-            return self.writer.append(data, durable)
+            pos = self.writer.append(data, durable)
         except OSError as e:
             raise QueueError("trouble writing to log: %s" % e.strerror)
+        if self._kill_at:
+            self._appends += 1
+            if self._appends >= self._kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return pos
 
     def _count(self, pos, delta):
         seg = pos[0]
@@ -612,7 +633,19 @@ class LogQueue(QueueBackend):
             raise QueueError("unable to read log: %s" % e.strerror)
         return list(self.pending_new)
 
-    def preprocess(self, n, route):
+    def preprocess_batch(self, numbers, route, announce=None):
+        """As the base class, but `new msg` and `info msg` are announced before the
+        PREPROCESSED record is appended: a crash may then repeat them, never lose them
+        (qmail logs both before todo/ is cleaned)."""
+        results = []
+        for n in numbers:
+            try:
+                results.append((n, self.preprocess(n, route, announce)))
+            except QueueError as e:
+                results.append((n, e))
+        return results
+
+    def preprocess(self, n, route, announce=None):
         pos = self.pending_new.get(n)
         if pos is None:
             raise QueueError("unable to open todo/%d" % n)
@@ -632,6 +665,9 @@ class LogQueue(QueueBackend):
             channels.setdefault(channel, [now, []])[1].append((False, address))
         data = R.encode_snapshot(R.PREPROCESSED, now, n, pos, now, env.qp, env.uid, size, env.sender,
                                  b"", (), {c: (d, r) for c, (d, r) in channels.items()})
+        if announce is not None:
+            announce(logline.new_msg(n))
+            announce(logline.info_msg(n, size, env.sender, env.qp, env.uid))
         spos = self._append(data)
         del self.pending_new[n]
         self._supersede(pos)
@@ -835,9 +871,14 @@ class LogQueue(QueueBackend):
         return bytes(a.notes) if a.notes else None
 
     def drop_bounce_notes(self, n):
+        """The bounce is queued: a fresh snapshot without the notes replaces the old one.
+
+        (A bare NOTE_CLEAR after the message's last snapshot is not replayed for a
+        message that is no longer in flight, so a crash before FINISH would send
+        the bounce again.)"""
         a = self._get(n)
-        self._append(R.encode_bounce_note(_now(), n, R.NOTE_CLEAR))
         a.notes = bytearray()
+        self._write_snapshot(a)
 
     def complete(self, n):
         """FINISH now; the mess file goes at the next checkpoint, once FINISH is on disk.
