@@ -194,6 +194,36 @@ def _home_inputs(f, opts):
     return found
 
 
+def _start_ids(events):
+    """One partition's `starting delivery` ids, per host in line order:
+    (host, first (seq, id), last (seq, id), seqs where the id went down)."""
+    by_host = {}
+    for e in events:
+        if e[3] == "start":
+            by_host.setdefault(e[0], []).append((e[1], e[5]))
+    for host, starts in by_host.items():
+        starts.sort()
+        yield host, starts[0], starts[-1], messages.id_drops(starts)
+
+
+def _restarts(events):
+    """{host: seqs of the first delivery of each later start of qmail-send}.
+
+    qmail-send numbers its deliveries from 1 at every start, so a delivery id that
+    is not above the one before it begins a new run."""
+    found = {}
+    parts = events.mapPartitions(_start_ids).collect()
+    for host in {p[0] for p in parts}:
+        seqs, last = [], None
+        for _, first, final, drops in sorted((p for p in parts if p[0] == host), key=lambda p: p[1]):
+            if last is not None and first[1] <= last[1]:
+                seqs.append(first[0])
+            seqs.extend(drops)
+            last = final
+        found[host] = sorted(seqs)
+    return found
+
+
 # --- the job ------------------------------------------------------------------
 
 def audit(spark, specs, out_dir, opts=None):
@@ -275,6 +305,7 @@ def audit(spark, specs, out_dir, opts=None):
         seg_rows = rows if seg_rows is None else seg_rows.union(rows)
 
     # per-message tables ------------------------------------------------------
+    restarts = _restarts(events) if events is not None else {}
     contexts = {}
     for host in set(spans) | set(snapshot_hosts):
         span = spans.get(host)
@@ -282,7 +313,8 @@ def audit(spark, specs, out_dir, opts=None):
             log_start=span[0] if span else None, log_end=span[2] if span else None,
             log_end_exiting=bool(span and span[3] == "exiting"),
             snapshots=snapshot_hosts.get(host, ()) if span else (),
-            queuelifetime=opts.queuelifetime, lifetime_slack=opts.lifetime_slack)
+            queuelifetime=opts.queuelifetime, lifetime_slack=opts.lifetime_slack,
+            restarts=restarts.get(host, ()))
     ctx_b = sc.broadcast(contexts)
 
     row_rdds = []

@@ -20,6 +20,7 @@ process_group() returns tagged rows:
   ("occ", OCC), ("tr", TRANSITION), ("m", MLINE), ("d", DLINE), ("f", FINDING)
 with the field orders of the *_FIELDS tuples below.
 """
+import bisect
 import math
 
 from qmailpy import states
@@ -61,7 +62,15 @@ FINDING_KINDS = {
     "segment-torn": NOTICE,
     "never-ended": NOTICE,
     "unlogged": NOTICE,
+    "ended-not-removed": NOTICE,
 }
+
+
+def id_drops(starts):
+    """Seqs where a delivery id is not above the one before it, in (seq, id) order:
+    qmail-send numbers deliveries from 1 at every start, so each begins a new run."""
+    starts = sorted(starts)
+    return [seq for (seq, d), (_, prev) in zip(starts[1:], starts) if d <= prev]
 
 
 def last_attempt_offset(channel, queuelifetime):
@@ -140,7 +149,7 @@ class Occurrence:
         self.info_time = self.bytes = self.sender = self.qp = self.uid = self.end_time = None
         self.attempts = self.successes = self.failures = self.deferrals = 0
         self.bounced = self.triple = 0
-        self.succeeded = set()
+        self.succeeded = {}             # (channel, recipient) -> run of its first success
         self.lifetime_reported = False
         self.superseded = False
         self.seen_in = set()
@@ -156,13 +165,18 @@ class Occurrence:
 class HostContext:
     """What one host's other inputs say: log span and snapshot times."""
     __slots__ = ("log_start", "log_end", "log_end_exiting", "snapshots", "queuelifetime",
-                 "lifetime_slack")
+                 "lifetime_slack", "restarts")
 
     def __init__(self, log_start=None, log_end=None, log_end_exiting=False, snapshots=(),
-                 queuelifetime=604800, lifetime_slack=3600.0):
+                 queuelifetime=604800, lifetime_slack=3600.0, restarts=()):
         self.log_start, self.log_end, self.log_end_exiting = log_start, log_end, log_end_exiting
         self.snapshots = tuple(snapshots)
         self.queuelifetime, self.lifetime_slack = queuelifetime, lifetime_slack
+        self.restarts = tuple(sorted(restarts))     # seqs where qmail-send's delivery ids restart
+
+    def run_of(self, seq):
+        """Which start of qmail-send (0, 1, ...) a log line at seq belongs to."""
+        return bisect.bisect_right(self.restarts, seq)
 
     def log_covers(self, when):
         if self.log_end is None or self.log_start is None or when < self.log_start:
@@ -317,12 +331,18 @@ def _count_result(host, n, o, dl, when, ctx, out):
         _check_lifetime(host, n, o, dl, when, ctx, out)
     if letter == "k":
         o.successes += 1
+        # qmail delivers each recipient record once per run of qmail-send, so several
+        # successes in one run are an envelope naming the address several times; a
+        # success after a restart repeats one that an earlier run already made.
         key = (channel, recipient)
-        if key in o.succeeded:
+        run = ctx.run_of(_start_seq)
+        first = o.succeeded.get(key)
+        if first is not None and first < run:
             out.append(finding(host, n, o.birth, "duplicate-delivery", when,
-                               "%s %s delivered successfully again (delivery %d)"
-                               % (channel, recipient, d)))
-        o.succeeded.add(key)
+                               "%s %s delivered successfully again after qmail-send restarted "
+                               "(delivery %d)" % (channel, recipient, d)))
+        if first is None:
+            o.succeeded[key] = run
     elif letter == "d":
         o.failures += 1
     else:
@@ -379,6 +399,14 @@ def _observe_snapshot(host, n, occs, item, ctx, out, transition):
     occ = matching[-1] if matching else None
     if occ is not None:
         occ.seen_in.add(taken)
+        if occ.ended and state == states.S5 and not pending:
+            # end msg is logged before info/ goes (spec §2.3): a qmail-send that died in
+            # between leaves the finished message for its next start to remove.
+            transition(occ, None, taken, "snapshot", occ.state, occ.state, True)
+            out.append(finding(host, n, occ.birth, "ended-not-removed", taken,
+                               "snapshot still holds the message, with nothing pending, "
+                               "after end msg"))
+            return
         path = _implicit_path(occ.state, state)
         legal = path is not None
         transition(occ, None, taken, "snapshot", occ.state, state, legal,

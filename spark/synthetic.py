@@ -231,6 +231,10 @@ def generate(log_path, messages=200, seed=1, style="epoch", host="mx1", start=17
                         reason = DYING_TEXT
                     if kind in ("never-ended", "vanished") and step:
                         break
+                    if kind == "duplicate-delivery" and not first:
+                        # qmail-send restarted after the first success: ids begin at 1
+                        delivery[0] = 0
+                        at = last + 0.001
                     done = attempt(n, at, channel, rcpt, result, reason, info_birth=info_at)
                     last = max(last, done)
                     nk += result == "k"

@@ -6,12 +6,23 @@ log) in a file, waits on that file with inotify, and stops everything at the end
 fake=True, small spawner programs written here stand in for qmail-lspawn and qmail-rspawn:
 they answer by the recipient's local part (see FAKE_SPAWNER) and append every command
 they get to workdir/commands.
+
+Opt-in audit collection: with QMAILPY_AUDIT_COLLECT=DIR in the environment, each home run
+under Daemons gets DIR/<name>/ holding send.log (qmail-send's log, every line prefixed
+with the epoch time a follower thread saw it appear, since the raw log has no times),
+queue.snapshot (`qmailctl snapshot --host <name>` of the home, taken once the daemons
+are gone) and meta.json. <name> is unique per home: audit each directory as host <name>
+(message numbers are inodes, reused across homes). Collection happens in stop() and
+kill(); the last one wins. Without the variable nothing of this runs.
 """
+import hashlib
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -95,10 +106,14 @@ class Daemons:
         self.logpath = os.path.join(shared_dir(home, "work"), "send.log")
         self.proc = None
         self._inotify = None
+        self.fake = fake
+        self._audit = AuditCollector(self) if os.environ.get(AUDIT_COLLECT_ENV) else None
 
     # -- processes -------------------------------------------------------------
     def start(self):
         self.offset_of_start = self.line_count() if os.path.exists(self.logpath) else 0
+        if self._audit is not None:
+            self._audit.follow()
         with open(self.logpath, "ab") as log:
             self.proc = subprocess.Popen(["qmail-start", self.defaultdelivery], stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=log, env=self.env, cwd="/",
@@ -142,6 +157,8 @@ class Daemons:
         self.signal(signal.SIGTERM)
         code = self.proc.wait(timeout=timeout)
         psutil.wait_procs(helpers, timeout=timeout)
+        if self._audit is not None:
+            self._audit.collect("stop")
         return code
 
     def kill(self):
@@ -160,6 +177,8 @@ class Daemons:
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=10)
+        if self._audit is not None:
+            self._audit.collect("kill")
 
     # -- the log ---------------------------------------------------------------
     def lines(self):
@@ -209,6 +228,89 @@ class Daemons:
     def wait_idle(self, n_end, timeout=60):
         """Wait until n_end 'end msg' lines are in the log."""
         return self.wait_line(r"^end msg ", n_end, timeout)
+
+
+AUDIT_COLLECT_ENV = "QMAILPY_AUDIT_COLLECT"
+
+
+class AuditCollector:
+    """QMAILPY_AUDIT_COLLECT=DIR: the stamped log and a queue snapshot of one home, for
+    qmail-audit (see the module docstring). Only Daemons creates it, only with the variable."""
+
+    def __init__(self, daemons):
+        self.daemons = daemons
+        home = os.path.realpath(daemons.home.path)
+        self.name = "%s-%s" % (re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(os.path.dirname(home))),
+                               hashlib.sha1(home.encode()).hexdigest()[:10])
+        self.dir = os.path.join(os.environ[AUDIT_COLLECT_ENV], self.name)   # made by follow()
+        self.stamped = os.path.join(self.dir, "send.log")
+        self.test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+        self.thread = None
+        self.stopping = threading.Event()
+        self.errors = []
+        self.collections = 0
+
+    def follow(self):
+        """Start copying the lines qmail-send appends from now on, each with its time."""
+        self.finish()
+        os.makedirs(self.dir, exist_ok=True)
+        offset = os.path.getsize(self.daemons.logpath) if os.path.exists(self.daemons.logpath) else 0
+        open(self.daemons.logpath, "ab").close()
+        self.stopping.clear()
+        self.thread = threading.Thread(target=self._follow, args=(offset,), daemon=True)
+        self.thread.start()
+
+    def _follow(self, offset):
+        pending = b""
+        try:
+            with INotify() as ino, open(self.daemons.logpath, "rb") as src, \
+                    open(self.stamped, "ab") as out:
+                ino.add_watch(self.daemons.logpath, flags.MODIFY)
+                src.seek(offset)
+                while True:
+                    last = self.stopping.is_set()       # read once more after the stop
+                    data = src.read()
+                    if data:
+                        now = time.time()
+                        pending += data
+                        *lines, pending = pending.split(b"\n")
+                        out.write(b"".join(b"%.6f %s\n" % (now, line) for line in lines))
+                        out.flush()
+                    if last:
+                        break
+                    ino.read(timeout=200)
+            if pending:
+                self.errors.append("unterminated last line %r" % pending[:200])
+        except Exception as e:                                  # reported by collect()
+            self.errors.append("log follower: %r" % e)
+
+    def finish(self):
+        if self.thread is not None:
+            self.stopping.set()
+            self.thread.join(timeout=30)
+            if self.thread.is_alive():
+                self.errors.append("log follower did not stop")
+            self.thread = None
+
+    def collect(self, how):
+        """After the daemons are gone: finish the log copy, snapshot the queue (last wins)."""
+        self.finish()
+        self.collections += 1
+        home = self.daemons.home
+        snap = os.path.join(self.dir, "queue.snapshot")
+        done = subprocess.run(["qmailctl", "snapshot", "--home", home.path, "--out", snap,
+                               "--host", self.name], env=self.daemons.env,
+                              capture_output=True, timeout=120)
+        if done.returncode != 0:
+            self.errors.append("qmailctl snapshot: exit %d: %s" % (
+                done.returncode, done.stderr.decode(errors="replace")[-2000:]))
+        meta = {"host": self.name, "home": home.path, "test": self.test, "how": how,
+                "fake": self.daemons.fake, "backend": getattr(home, "backend", None),
+                "collections": self.collections, "errors": self.errors}
+        tmp = os.path.join(self.dir, "meta.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(meta, f, indent=1)
+        os.rename(tmp, os.path.join(self.dir, "meta.json"))
 
 
 def wait_gone(path, timeout=30):

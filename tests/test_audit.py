@@ -514,3 +514,58 @@ def test_real_daemons_log_and_queue_audit_clean(spark, qmail_home, tmp_path):
     # all three still queued: in the snapshot, hence noticed but no violation
     assert result.findings_by_kind == {"never-ended": 3}
     assert result.exit_code == 0
+
+
+# --- the delivery suite's own logs and queues: every home it ran must audit clean -----
+
+DELIVERY_SUITE = ["tests/test_delivery_local.py", "tests/test_delivery_remote.py",
+                  "tests/test_delivery_faults.py", "tests/test_delivery_qmailqueue.py"]
+
+
+def test_delivery_suite_logs_and_queues_audit_clean(spark, tmp_path):
+    """Run the delivery tests with QMAILPY_AUDIT_COLLECT (send_harness.Daemons then keeps
+    each home's stamped qmail-send log and a queue snapshot) and audit every home as its
+    own host: no bad input, no violation, only notices."""
+    from send_harness import AUDIT_COLLECT_ENV
+    collect = tmp_path / "collect"
+    collect.mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, **{AUDIT_COLLECT_ENV: str(collect)})
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+                         + DELIVERY_SUITE, cwd=root, env=env, capture_output=True, timeout=1800)
+    assert run.returncode == 0, (run.stdout + run.stderr).decode(errors="replace")[-5000:]
+    homes = sorted(p for p in collect.iterdir() if p.is_dir())
+    assert len(homes) >= 20, [p.name for p in homes]
+    inputs, host_map, backends = [], [], set()
+    for home in homes:
+        meta = json.loads((home / "meta.json").read_text())
+        assert meta["errors"] == [] and meta["host"] == home.name, meta
+        backends.add(meta["backend"])
+        log, snap = home / "send.log", home / "queue.snapshot"
+        assert log.stat().st_size > 0 and snap.stat().st_size > 0, meta
+        inputs += [log, snap]
+        host_map.append((str(home), home.name))
+    assert backends == {"dir", "log"}
+    result = _audit(spark, inputs, tmp_path / "out", host_map=host_map)
+    assert result.bad_inputs == []
+    assert result.warnings == []            # every log has its snapshot and vice versa
+    from spark import messages
+    notices = {k for k, sev in messages.FINDING_KINDS.items() if sev != messages.VIOLATION}
+    assert set(result.findings_by_kind) <= notices, result.findings_by_kind
+    assert result.violations == 0 and result.exit_code == 0
+    s = result.summary
+    hosts = {r["host"]: r for r in s["per_host"]}
+    assert set(hosts) == {h.name for h in homes}
+    m = s["messages"]
+    assert m["messages"] >= len(homes) and m["orphans"] == 0
+    assert m["ended"] + m["not_ended"] == m["messages"]
+    assert result.findings_by_kind.get("never-ended", 0) == m["not_ended"]
+    ch = s["deliveries"]["by_channel"]
+    assert ch["local"]["success"] > 0 and ch["remote"]["success"] > 0
+    for c in ch.values():
+        assert c["attempts"] == c["success"] + c["failure"] + c["deferral"]
+    assert m["bounces"] > 0                 # the suite bounces failures, every one logged
+    q = s["qmailanalog"]
+    assert q["completed_messages"] == m["ended"]
+    assert q["delivery_attempts"] == sum(c["attempts"] for c in ch.values())
+    assert s["log"]["by_kind"]["new msg"] == m["messages"]
