@@ -129,3 +129,20 @@ def qmail_home(tmp_path, queue_backend):
     finally:
         if AS_ROOT:
             shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def users(qmail_home):
+    """Local users in users/assign with their own homes (lspawn_harness.LocalUsers)."""
+    from lspawn_harness import LocalUsers
+    return LocalUsers(qmail_home)
+
+
+@pytest.fixture
+def daemons(qmail_home):
+    """The real daemons under qmail-start (send_harness.Daemons), killed at teardown;
+    test files with other needs (fake spawners, smtproutes) override it."""
+    from send_harness import Daemons
+    d = Daemons(qmail_home)
+    yield d
+    d.kill()

@@ -6,9 +6,7 @@ import re
 import psutil
 import pytest
 
-from lspawn_harness import LocalUsers
 from remote_harness import ScriptedPeer
-from send_harness import Daemons
 from test_delivery_local import wait_maildir
 
 pytestmark = pytest.mark.both_backends
@@ -20,18 +18,6 @@ BIG = 8 << 20                   # far more than the socket buffers can hold in f
 DROP_MID_DATA = [("send", b"220 peer\r\n"), ("line",), ("send", b"250 peer\r\n"),
                  ("line",), ("send", b"250 ok\r\n"), ("line",), ("send", b"250 ok\r\n"),
                  ("line",), ("send", b"354 go\r\n"), ("read", 1 << 20), ("close",)]
-
-
-@pytest.fixture
-def users(qmail_home):
-    return LocalUsers(qmail_home)
-
-
-@pytest.fixture
-def daemons(qmail_home):
-    d = Daemons(qmail_home)
-    yield d
-    d.kill()
 
 
 def queue(home, sender, recipients, message):

@@ -7,24 +7,11 @@ import re
 import pytest
 from inotify_simple import INotify, flags
 
-from lspawn_harness import LocalUsers
-from send_harness import Daemons, shared_dir, wait_mess_gone
+from send_harness import shared_dir, wait_mess_gone
 
 pytestmark = pytest.mark.both_backends
 
 MSG = b"Subject: e2e\n\nhello there\n"
-
-
-@pytest.fixture
-def users(qmail_home):
-    return LocalUsers(qmail_home)
-
-
-@pytest.fixture
-def daemons(qmail_home):
-    d = Daemons(qmail_home)
-    yield d
-    d.kill()
 
 
 def queue(home, sender, recipients, message=MSG):

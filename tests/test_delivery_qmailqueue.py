@@ -3,7 +3,6 @@ forwards are handed to that program (message on fd 0, envelope on fd 1), as qmai
 qmail_open() does, and nothing of theirs enters the queue directly."""
 import os
 
-import pytest
 from inotify_simple import INotify, flags
 
 from lspawn_harness import LocalUsers

@@ -3,15 +3,10 @@ import os
 
 import pytest
 
-from lspawn_harness import LocalUsers, maildir_files
+from lspawn_harness import maildir_files
 from qmailpy.envelope import parse_todo
 
 MESSAGE = b"From: joe@example.org\nSubject: hello\n\nbody line\n"
-
-
-@pytest.fixture
-def users(qmail_home):
-    return LocalUsers(qmail_home)
 
 
 def delivered(home, sub="Maildir"):

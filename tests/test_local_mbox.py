@@ -5,15 +5,8 @@ import resource
 import subprocess
 import sys
 
-import pytest
 from inotify_simple import INotify, flags
 
-from lspawn_harness import LocalUsers
-
-
-@pytest.fixture
-def users(qmail_home):
-    return LocalUsers(qmail_home)
 
 
 def big_message(tag, lines=20000):

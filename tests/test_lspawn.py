@@ -4,14 +4,9 @@ import os
 import psutil
 import pytest
 
-from lspawn_harness import AS_ROOT, LocalUsers, maildir_files
+from lspawn_harness import AS_ROOT, maildir_files
 
 MESSAGE = b"From: joe@example.org\nSubject: hello\n\nFrom the start\nline two\n"
-
-
-@pytest.fixture
-def users(qmail_home):
-    return LocalUsers(qmail_home)
 
 
 def test_maildir_delivery_bytes(users):

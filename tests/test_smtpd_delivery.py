@@ -7,9 +7,7 @@ import time
 import pytest
 from inotify_simple import INotify, flags
 
-from lspawn_harness import LocalUsers
 from remote_harness import Smtpd
-from send_harness import Daemons
 from test_smtpd_support import TIMEOUT, ListenerProcess
 
 pytestmark = pytest.mark.both_backends
@@ -30,18 +28,6 @@ def wait_maildir(maildir, count):
         with open(os.path.join(new, name), "rb") as f:
             out.append(f.read())
     return out
-
-
-@pytest.fixture
-def users(qmail_home):
-    return LocalUsers(qmail_home)
-
-
-@pytest.fixture
-def daemons(qmail_home):
-    d = Daemons(qmail_home)
-    yield d
-    d.kill()
 
 
 @pytest.fixture
