@@ -30,6 +30,7 @@ except ImportError:               # pragma: no cover - other interpreters
     import signal
 
 from qmailpy.envelope import MAX_ADDRESS, date822
+from qmailpy.syncdir import fsync_dir as _sync_dir   # see there: exit 0 must survive a power cut
 
 DEATH = 86400                     # qmail-queue's self-timer (seconds)
 SPLIT = 23
@@ -70,21 +71,6 @@ def received_who(uid, role_uids):
 
 def received_line(pid, who, start):
     return b"Received: (qmail %d invoked %s); %s\n" % (pid, who, date822(start))
-
-
-def _sync_dir(path):
-    """fsync a directory after a link the state machine relies on.
-
-    qmail assumes link() reaches the disk synchronously; ext4 and xfs only
-    promise that after an fsync of the directory. Without it a power cut after
-    exit 0 could lose todo/n (message silently dropped) or keep todo/n but
-    lose mess/S/n (an envelope without a message).
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_all(fd, data):

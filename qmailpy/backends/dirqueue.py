@@ -16,6 +16,7 @@ import time
 from qmailpy import envelope, logline
 from qmailpy.backends.base import RECHECK, Preprocessed, QueueBackend, QueueError, Scheduled
 from qmailpy.layout import SPLIT, is_number
+from qmailpy.syncdir import fsync_dir
 
 CHANNELS = ("local", "remote")
 SLEEP_SYSFAIL = 123
@@ -211,11 +212,7 @@ class DirQueue(QueueBackend):
             dirs.update(os.path.dirname(self._rel(channel, result.n)) for channel in result.channels)
         for rel in sorted(dirs):
             try:
-                fd = os.open(self._path(rel), os.O_RDONLY | os.O_DIRECTORY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                fsync_dir(self._path(rel))
             except OSError:
                 raise QueueError("trouble fsyncing %s" % rel)
 

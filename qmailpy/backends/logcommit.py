@@ -37,6 +37,7 @@ import os
 import struct
 
 from qmailpy.backends.logrecords import HEADER_SIZE, segment_header
+from qmailpy.syncdir import fsync_dir
 
 LOG_DIR = "log"
 SEGMENT_LIMIT = 64 * 1024 * 1024
@@ -78,14 +79,6 @@ def _share(fd):
     st = os.fstat(fd)
     if st.st_uid == os.geteuid() and st.st_mode & 0o777 != FILE_MODE:
         os.fchmod(fd, FILE_MODE)
-
-
-def fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class LogWriter:

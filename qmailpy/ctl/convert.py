@@ -18,6 +18,8 @@ import os
 import signal
 import sys
 
+from qmailpy.syncdir import fsync_dir
+
 HELP = "move a stopped queue between the directory and the log backend"
 
 
@@ -37,15 +39,7 @@ def _write_durably(path, text, model_dir):
     if os.geteuid() == 0:
         os.chown(tmp, st.st_uid, st.st_gid)
     os.rename(tmp, path)
-    _fsync_dir(model_dir)
-
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(model_dir)
 
 
 def _set_backend(home, name):
@@ -71,7 +65,7 @@ def _clear_marker(home):
         os.unlink(_marker(home))
     except FileNotFoundError:
         return
-    _fsync_dir(os.path.dirname(_marker(home)))
+    fsync_dir(os.path.dirname(_marker(home)))
 
 
 def _crash_step():
