@@ -13,6 +13,7 @@ import email
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -322,3 +323,186 @@ def test_sigkill_qmail_send_at_every_record_boundary(qmail_home, queue_backend):
     # (todo/ unlinked), so a crash can repeat them but never lose them
     lost = [(r["k"], r["missing_info"]) for r in results if r["missing_info"]]
     assert not lost, "messages delivered without new msg/info msg lines: %r" % lost
+
+
+# -- random SIGKILLs of qmail-send under a 1,000-message load -------------------------
+#
+# 1,000 messages (X-Load-Id: i) go in from forked QueueClient children while the real
+# daemons deliver them to alice (every message) and bob (every other one), with
+# control/logsegmentsize at 64 KiB so the log rotates through many segments. qmail-send
+# is SIGKILLed 3-5 times, each at a seeded random count of `starting delivery` lines,
+# and started again; at the end every (message, user) must hold at least once, more
+# often only as often as it was in flight at a kill (started, no result in that run's
+# log), qmail-qstat must say 0/0, no record may be live, and after a clean stop and
+# start (recovery's checkpoint) only the head segment may be left.
+
+LOAD_N = int(os.environ.get("SENDCRASH_LOAD_N", "1000"))
+LOAD_SEED = int(os.environ.get("SENDCRASH_LOAD_SEED", "5"))
+LOAD_INJECTORS = 4
+LOAD_SEGMENT = 64 * 1024
+LOAD_TIMEOUT = 240
+
+LOAD_INJECTOR = r'''
+import sys
+from qmailpy.queueclient import QueueClient
+home, first, step, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+for i in range(first, n, step):
+    rcpts = [b"alice@test.example"] + ([b"bob@test.example"] if i % 2 == 0 else [])
+    qq = QueueClient(home)
+    qq.write(b"X-Load-Id: %d\nSubject: load %d\n\nmessage %d\n" % (i, i, i))
+    r = qq.finish(b"sender@test.example", rcpts)
+    if not r.ok:
+        sys.exit("qmail-queue failed for %d: %r" % (i, r))
+'''
+LOAD_WANT = {"alice": set(range(LOAD_N)), "bob": set(range(0, LOAD_N, 2))}
+RECEIVED_QP = re.compile(rb"^Received: \(qmail (\d+) invoked by uid \d+\)", re.M)
+LOAD_ID = re.compile(rb"^X-Load-Id: (\d+)$", re.M)
+
+
+class Tally:
+    """What the Maildirs hold: {user: {file name: (load id, qp)}}, read incrementally."""
+
+    def __init__(self, maildirs):
+        self.maildirs = maildirs
+        self.files = {user: {} for user in maildirs}
+
+    def update(self):
+        for user, maildir in self.maildirs.items():
+            new = os.path.join(maildir, "new")
+            seen = self.files[user]
+            for name in os.listdir(new):
+                if name not in seen:
+                    with open(os.path.join(new, name), "rb") as f:
+                        head = f.read(4096)
+                    seen[name] = (int(LOAD_ID.search(head).group(1)), int(RECEIVED_QP.search(head).group(1)))
+
+    def complete(self):
+        """Every (message, user) delivered at least once (cheap check first)."""
+        if any(len(os.listdir(os.path.join(self.maildirs[u], "new"))) < len(w) for u, w in LOAD_WANT.items()):
+            return False
+        self.update()
+        return all({i for i, _ in self.files[u].values()} >= w for u, w in LOAD_WANT.items())
+
+    def counts(self):
+        self.update()
+        got = {}
+        for user, files in self.files.items():
+            for i, _ in files.values():
+                got[(i, user)] = got.get((i, user), 0) + 1
+        return got
+
+    def qp_to_id(self):
+        self.update()
+        return {qp: i for files in self.files.values() for i, qp in files.values()}
+
+
+def in_flight_qps(lines, run_start):
+    """(qp, recipient) of the deliveries started after line run_start with no result
+    logged after them: qp is that of the message's last `info msg` line before the
+    start (message numbers are inodes, reused once a message is gone)."""
+    qp_of, started = {}, {}
+    for idx, line in enumerate(lines):
+        m = INFO.match(line)
+        if m:
+            qp_of[int(m.group(1))] = int(m.group(2))
+            continue
+        if idx < run_start:
+            continue
+        m = STARTING.match(line)
+        if m:
+            started[m.group(1)] = (qp_of.get(int(m.group(2))), m.group(4))
+            continue
+        m = RESULT.match(line)
+        if m:
+            started.pop(m.group(1), None)
+    return list(started.values())
+
+
+def test_random_sigkills_of_qmail_send_under_1000_messages(qmail_home, queue_backend):
+    import random
+    import sys
+    from qmailpy.backends.logcommit import LOG_DIR, list_segments
+    assert queue_backend == "log"
+    started = time.monotonic()
+    home = qmail_home
+    home.control("logsegmentsize", "%d\n" % LOAD_SEGMENT)
+    users = LocalUsers(home)
+    maildirs = {name: os.path.join(users.add(name), "Maildir") for name in LOAD_WANT}
+    deliveries = sum(len(w) for w in LOAD_WANT.values())
+    rng = random.Random(LOAD_SEED)
+    kills = sorted(rng.sample(range(deliveries // 20, deliveries * 9 // 10), rng.randint(3, 5)))
+    tally = Tally(maildirs)
+    flights = []                                # (qp, recipient) in flight at each kill
+    d = Daemons(home)
+    injectors = []
+    try:
+        d.start()
+        d.wait_started(TIMEOUT)
+        injectors = [subprocess.Popen([sys.executable, "-c", LOAD_INJECTOR, home.path, str(k),
+                                       str(LOAD_INJECTORS), str(LOAD_N)], env=home.env)
+                     for k in range(LOAD_INJECTORS)]
+        for threshold in kills:
+            d.wait_for(lambda lines: sum(1 for l in lines if l.startswith("starting delivery ")) >= threshold,
+                       LOAD_TIMEOUT, "%d deliveries started" % threshold)
+            sid = d.proc.pid
+            os.kill(d.proc.pid, signal.SIGKILL)
+            assert d.proc.wait(timeout=TIMEOUT) == -9
+            wait_helpers_gone(sid, "kill at %d" % threshold)
+            flights.extend(in_flight_qps(d.lines(), d.offset_of_start))
+            d = Daemons(home)
+            d.start()
+            d.wait_started(TIMEOUT)
+        for p in injectors:
+            assert p.wait(timeout=LOAD_TIMEOUT) == 0
+        d.wait_for(lambda lines: tally.complete(), LOAD_TIMEOUT, "every message delivered")
+        # the last FINISHes may still be on their way; nothing is deferred, so poll briefly
+        deadline = time.monotonic() + 60
+        while qstat(home) != "messages in queue: 0\nmessages in queue but not yet preprocessed: 0\n":
+            assert time.monotonic() < deadline, qstat(home)
+            time.sleep(0.2)
+        assert d.stop() == 0
+        wait_helpers_gone(d.proc.pid, "final stop")
+        # a clean start: recovery checkpoints, flags garbage and deletes empty segments
+        d = Daemons(home)
+        d.start()
+        d.wait_started(TIMEOUT)
+        assert d.stop() == 0
+        wait_helpers_gone(d.proc.pid, "checkpoint start")
+    finally:
+        for p in injectors:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        d.kill()
+    elapsed = time.monotonic() - started
+    # deliveries: at least once; again only for a delivery in flight at a kill
+    qp_to_id = tally.qp_to_id()
+    allowed = {}
+    unmapped = []
+    for qp, rcpt in flights:
+        if qp not in qp_to_id:
+            unmapped.append((qp, rcpt))
+            continue
+        key = (qp_to_id[qp], rcpt.split("@")[0])
+        allowed[key] = allowed.get(key, 0) + 1
+    counts = tally.counts()
+    missing = [(i, u) for u, w in LOAD_WANT.items() for i in sorted(w) if (i, u) not in counts]
+    extra = sorted(k for k in counts if k[0] not in LOAD_WANT.get(k[1], ()))
+    twice = {k: c for k, c in counts.items() if c > 1}
+    bad_twice = {k: c for k, c in twice.items() if c > 1 + allowed.get(k, 0)}
+    segments = list_segments(os.path.join(home.queue, LOG_DIR))
+    print("N=%d kills at %r, in flight %d, duplicates %r, segments left %r, %.1f s"
+          % (LOAD_N, kills, len(flights), twice, segments, elapsed))
+    assert not missing, missing[:20]
+    assert not extra, extra[:20]
+    assert not unmapped, unmapped
+    assert not bad_twice, (bad_twice, allowed)
+    for maildir in maildirs.values():
+        assert os.listdir(os.path.join(maildir, "tmp")) == []
+    assert qstat(home) == "messages in queue: 0\nmessages in queue but not yet preprocessed: 0\n"
+    live, states, cp = live_records(home)
+    assert live == [] and states == {}, (live[:10], states)
+    assert cp == {"counts": {}, "pending": {}, "active": {}}, cp
+    # the log rotated (far more than 64 KiB went through it), and every old segment went
+    assert segments and segments[-1] >= 3, segments
+    assert len(segments) == 1, segments

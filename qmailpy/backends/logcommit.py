@@ -41,6 +41,8 @@ from qmailpy.syncdir import fsync_dir
 
 LOG_DIR = "log"
 SEGMENT_LIMIT = 64 * 1024 * 1024
+SEGMENT_LIMIT_CONTROL = "logsegmentsize"
+MIN_SEGMENT_LIMIT = 4096
 _COMMIT = struct.Struct("<QQQQQQ")
 COMMIT_SIZE = _COMMIT.size
 FILE_MODE = 0o660
@@ -81,17 +83,41 @@ def _share(fd):
         os.fchmod(fd, FILE_MODE)
 
 
-class LogWriter:
-    """One process's handle on the log: append records, make them durable."""
+def read_segment_limit(control_path):
+    """The segment size limit in control_path (control/logsegmentsize: bytes, a
+    decimal number on the first line); SEGMENT_LIMIT when absent, empty or not a
+    number; at least MIN_SEGMENT_LIMIT. One small read: qmail-queue calls this."""
+    try:
+        with open(control_path, "rb") as f:
+            data = f.read(64)
+    except OSError:
+        return SEGMENT_LIMIT
+    try:
+        value = int(data.split(b"\n", 1)[0].strip())
+    except ValueError:
+        return SEGMENT_LIMIT
+    if value <= 0:
+        return SEGMENT_LIMIT
+    return max(value, MIN_SEGMENT_LIMIT)
 
-    def __init__(self, logdir, segment_limit=SEGMENT_LIMIT):
+
+class LogWriter:
+    """One process's handle on the log: append records, make them durable.
+
+    segment_limit None: read control/logsegmentsize of the home whose queue/log
+    logdir is (logdir/../../control), as every writer of one queue must agree."""
+
+    def __init__(self, logdir, segment_limit=None):
         self.logdir = logdir
-        self.segment_limit = segment_limit
         try:
             os.mkdir(logdir)
             os.chmod(logdir, 0o2770)         # qmailq and qmails share it (group qmail)
         except FileExistsError:
             pass
+        if segment_limit is None:
+            segment_limit = read_segment_limit(
+                os.path.join(logdir, os.pardir, os.pardir, "control", SEGMENT_LIMIT_CONTROL))
+        self.segment_limit = segment_limit
         self.lock_fd = _open_rw(os.path.join(logdir, "lock"))
         self.sync_fd = _open_rw(os.path.join(logdir, "sync"))
         self.commit_fd = _open_rw(os.path.join(logdir, "commit"))

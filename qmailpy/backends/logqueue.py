@@ -52,8 +52,8 @@ import time
 from qmailpy import logline, states
 from qmailpy.backends import logrecords as R
 from qmailpy.backends.base import MessageView, Preprocessed, QueueBackend, QueueError, Scheduled
-from qmailpy.backends.logcommit import (LOG_DIR, SEGMENT_LIMIT, LogWriter, fsync_dir, list_segments,
-                                        segment_name)
+from qmailpy.backends.logcommit import (LOG_DIR, SEGMENT_LIMIT_CONTROL, LogWriter, fsync_dir, list_segments,
+                                        read_segment_limit, segment_name)
 from qmailpy.clean import CleanerLost
 from qmailpy.envelope import ChannelRecord
 from qmailpy.layout import SPLIT, is_number
@@ -220,13 +220,15 @@ class _Runner:
 class LogQueue(QueueBackend):
     name = "log"
 
-    def __init__(self, home, cleaner=None, log=None, segment_limit=SEGMENT_LIMIT,
+    def __init__(self, home, cleaner=None, log=None, segment_limit=None,
                  runner_lags=RUNNER_LAGS):
         self.home = home
         self.queue = os.path.join(home, "queue")
         self.logdir = os.path.join(self.queue, LOG_DIR)
         self.cleaner = cleaner
         self._log = log
+        if segment_limit is None:           # control/logsegmentsize, as qmail-queue reads it
+            segment_limit = read_segment_limit(os.path.join(home, "control", SEGMENT_LIMIT_CONTROL))
         self.segment_limit = segment_limit
         self.runner_lags = tuple(runner_lags)
         self._writer = None
