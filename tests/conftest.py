@@ -106,26 +106,36 @@ def queue_backend(request):
     return getattr(request, "param", "dir")
 
 
-@pytest.fixture
-def qmail_home(tmp_path, queue_backend):
-    if AS_ROOT:
-        user = "nobody"
-        base = tempfile.mkdtemp(prefix="qmailpy-test-")
-        os.chmod(base, 0o755)
-    else:
-        user = pwd.getpwuid(os.geteuid()).pw_name
-        base = str(tmp_path)
+def make_home(base, backend="dir"):
+    """A home at BASE/home made by `qmailctl init` (see the module docstring); BASE must
+    be traversable by the home's user."""
+    user = "nobody" if AS_ROOT else pwd.getpwuid(os.geteuid()).pw_name
     path = os.path.join(base, "home")
     env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
     done = subprocess.run(["qmailctl", "init", "--home", path, "--me", "test.example", "--user", user],
                           env=env, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     home = QmailHome(path, user)
-    home.backend = queue_backend
-    if queue_backend != "dir":
-        home.control("queuebackend", queue_backend + "\n")
+    home.backend = backend
+    if backend != "dir":
+        home.control("queuebackend", backend + "\n")
+    return home
+
+
+def traversable_base(tmp_path, prefix="qmailpy-test-"):
+    """tmp_path, or as root a fresh 0755 directory that nobody can traverse."""
+    if not AS_ROOT:
+        return str(tmp_path)
+    base = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(base, 0o755)
+    return base
+
+
+@pytest.fixture
+def qmail_home(tmp_path, queue_backend):
+    base = traversable_base(tmp_path)
     try:
-        yield home
+        yield make_home(base, queue_backend)
     finally:
         if AS_ROOT:
             shutil.rmtree(base, ignore_errors=True)

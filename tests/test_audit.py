@@ -71,15 +71,8 @@ def _sample_dlines():
             parsed = logparse.parse_line("mx", 0, i, line.rstrip("\n"))
             if parsed[4] is not None:
                 events.append(parsed[4])
-    groups, by_d = {}, {}
-    for e in events:
-        if e[3] in ("start", "result"):
-            by_d.setdefault(e[5], []).append(e)
-        if e[3] in logparse.MESSAGE_KINDS:
-            groups.setdefault(e[4], []).append(("ev", e, e[1], e[2]))
-    for evs in by_d.values():
-        for (_h, n), item in messages.pair_deliveries(evs)[0]:
-            groups.setdefault(n, []).append(item)
+    from test_audit_logic import groups_of
+    groups = groups_of(events)
     ctx = messages.HostContext()
     return [dict(zip(messages.DLINE_FIELDS, r[1])) for n, items in groups.items()
             for r in messages.process_group("mx", n, items, ctx) if r[0] == "d"]

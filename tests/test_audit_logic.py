@@ -18,9 +18,8 @@ def _events(lines, host="h"):
     return out
 
 
-def _run(lines, ctx=None, snaps=()):
-    """process_group over all numbers of a small log, as the Spark job wires it."""
-    events = _events(lines)
+def groups_of(events, snaps=()):
+    """{n: items} of one host's log events (and snapshot items), as the Spark job keys them."""
     groups = {}
     by_d = {}
     for e in events:
@@ -34,6 +33,13 @@ def _run(lines, ctx=None, snaps=()):
             groups.setdefault(n, []).append(item)
     for n, item in snaps:
         groups.setdefault(n, []).append(item)
+    return groups
+
+
+def _run(lines, ctx=None, snaps=()):
+    """process_group over all numbers of a small log, as the Spark job wires it."""
+    events = _events(lines)
+    groups = groups_of(events, snaps)
     restarts = messages.id_drops([(e[1], e[5]) for e in events if e[3] == "start"])
     ctx = ctx or messages.HostContext(log_start=T0, log_end=T0 + 1000, log_end_exiting=True,
                                       restarts=restarts)

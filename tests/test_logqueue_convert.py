@@ -2,7 +2,8 @@
 import fcntl
 import os
 import subprocess
-import time
+
+from inotify_simple import INotify, flags
 
 from qmailpy.backends import dirlist
 from qmailpy.backends.dirqueue import DirQueue
@@ -118,14 +119,16 @@ def _race_convert_with_qmail_queue(qmail_home, to):
     """A qmail-queue that started before `convert --to` finishes its message after:
     the conversion waits for it and its message is in the converted queue."""
     env_r, env_w = os.pipe()
-    inject = subprocess.Popen(["qmail-queue"], stdin=subprocess.PIPE, stdout=env_r, env=qmail_home.env)
-    os.close(env_r)
+    with INotify() as ino:
+        # qmail-queue creates its pid/ file only once it holds its shared lock on queue/
+        ino.add_watch(os.path.join(qmail_home.queue, "pid"), flags.CREATE)
+        inject = subprocess.Popen(["qmail-queue"], stdin=subprocess.PIPE, stdout=env_r, env=qmail_home.env)
+        os.close(env_r)
+        created = ino.read(timeout=30000)
     convert = None
     try:
-        deadline = time.monotonic() + 30
-        while not _queue_dir_locked(qmail_home.queue):    # qmail-queue holds its shared lock
-            assert inject.poll() is None and time.monotonic() < deadline
-            time.sleep(0.01)
+        assert created and inject.poll() is None, "qmail-queue made no pid/ file"
+        assert _queue_dir_locked(qmail_home.queue)
         convert = subprocess.Popen(["qmailctl", "convert", "--to", to, "--quiet", "--home", qmail_home.path],
                                    stderr=subprocess.PIPE, env=qmail_home.env)
         assert convert.stderr.readline() == (

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
-from conftest import AS_ROOT, VENV_BIN, QmailHome
+import conftest
 from lspawn_harness import LocalUsers
 from send_harness import Daemons
 
@@ -52,24 +52,10 @@ INFO = re.compile(r"^info msg (\d+): bytes \d+ from <[^>]*> qp (\d+) uid")
 
 
 def make_home():
-    """A fresh log-backend home, made as conftest's qmail_home fixture makes one."""
-    if AS_ROOT:
-        user = "nobody"
-        base = tempfile.mkdtemp(prefix="qmailpy-sendcrash-")
-        os.chmod(base, 0o755)
-    else:
-        import pwd
-        user = pwd.getpwuid(os.geteuid()).pw_name
-        base = tempfile.mkdtemp(prefix="qmailpy-sendcrash-")
-    path = os.path.join(base, "home")
-    env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
-    done = subprocess.run(["qmailctl", "init", "--home", path, "--me", "test.example", "--user", user],
-                          env=env, capture_output=True, timeout=60)
-    assert done.returncode == 0, done.stderr.decode(errors="replace")
-    home = QmailHome(path, user)
-    home.backend = "log"
-    home.control("queuebackend", "log\n")
-    return home
+    """A fresh log-backend home in its own directory (the caller removes its parent)."""
+    base = tempfile.mkdtemp(prefix="qmailpy-sendcrash-")
+    os.chmod(base, 0o755)
+    return conftest.make_home(base, "log")
 
 
 def prepare(home):
@@ -418,6 +404,22 @@ def in_flight_qps(lines, run_start):
     return list(started.values())
 
 
+def every_message_ended(lines):
+    """LOAD_N messages announced (distinct qps), and each one's last `info msg` followed
+    by its `end msg` (numbers are inodes, reused once a message is gone)."""
+    open_numbers, qps = set(), set()
+    for line in lines:
+        m = INFO.match(line)
+        if m:
+            open_numbers.add(int(m.group(1)))
+            qps.add(int(m.group(2)))
+            continue
+        m = END.match(line)
+        if m:
+            open_numbers.discard(int(m.group(1)))
+    return len(qps) >= LOAD_N and not open_numbers
+
+
 def test_random_sigkills_of_qmail_send_under_1000_messages(qmail_home, queue_backend):
     import random
     import sys
@@ -455,13 +457,12 @@ def test_random_sigkills_of_qmail_send_under_1000_messages(qmail_home, queue_bac
         for p in injectors:
             assert p.wait(timeout=LOAD_TIMEOUT) == 0
         d.wait_for(lambda lines: tally.complete(), LOAD_TIMEOUT, "every message delivered")
-        # the last FINISHes may still be on their way; nothing is deferred, so poll briefly
-        deadline = time.monotonic() + 60
-        while qstat(home) != "messages in queue: 0\nmessages in queue but not yet preprocessed: 0\n":
-            assert time.monotonic() < deadline, qstat(home)
-            time.sleep(0.2)
+        # qmail-send appends a message's FINISH right after its end msg line, before it
+        # looks at signals again: once every message has ended, a SIGTERM leaves 0/0
+        d.wait_for(every_message_ended, LOAD_TIMEOUT, "end msg for every message")
         assert d.stop() == 0
         wait_helpers_gone(d.proc.pid, "final stop")
+        assert qstat(home) == "messages in queue: 0\nmessages in queue but not yet preprocessed: 0\n"
         # a clean start: recovery checkpoints, flags garbage and deletes empty segments
         d = Daemons(home)
         d.start()
