@@ -10,7 +10,7 @@ import pytest
 from qmailpy import states
 from qmailpy.backends.base import QueueBackend
 from qmailpy.backends.logcommit import LogWriter, list_segments
-from qmailpy.backends.logenqueue import enqueue
+from qmailpy.backends.logenqueue import append_envelope, enqueue
 from qmailpy.backends.logqueue import LogQueue
 from qmailpy.clean import CleanClient, CleanerLost
 
@@ -220,4 +220,32 @@ def test_lost_qmail_clean_leaves_bodies_for_recovery(tmp_path):
     lq.startup()
     assert not os.path.exists(mess)
     assert lq.list_messages() == []
+    lq.close()
+
+
+def test_a_number_reused_after_its_finish_keeps_the_new_body_through_recovery(tmp_path):
+    """Message numbers are mess/ inodes: once b's body is unlinked, the next message may
+    get b's number. A crash after that unlink but before the checkpoint that records it
+    makes recovery replay b's FINISH; that must not remove the new message's body."""
+    home = make_queue(tmp_path)
+    queue = os.path.join(home, "queue")
+    n = enqueue(queue, b"b\n", b"s@x.example", [b"b@test.example"])
+    lq = LogQueue(home)
+    lq.startup()
+    lq.checkpoint(force=True)
+    deliver_all(lq, str(tmp_path / "deliveries"))
+    assert lq.to_clean == [n]
+    mess = os.path.join(queue, "mess", str(n % 23), str(n))
+    os.unlink(mess)                                 # the clean, then the crash: no checkpoint
+    lq.close()
+    with open(mess, "wb") as f:                     # message c, numbered like b
+        f.write(b"Received: (qmail 1 invoked by uid 0); 1 Jan 2026 00:00:00 -0000\n\nc\n")
+    append_envelope(queue, n, os.getuid(), 1, b"s@x.example", [b"c@test.example"])
+    lq = LogQueue(home)
+    lq.startup()
+    assert os.path.exists(mess) and lq.new_work() == [n]
+    deliver_all(lq, str(tmp_path / "deliveries"))
+    assert deliveries(str(tmp_path / "deliveries")) == [(n, b"b@test.example"), (n, b"c@test.example")]
+    lq.checkpoint(force=True)
+    assert not os.path.exists(mess)                 # c's own FINISH cleans it
     lq.close()

@@ -459,6 +459,11 @@ class LogQueue(QueueBackend):
                 self._apply_delta(a, rec)
             return
         if t == R.ENVELOPE:
+            # Numbers are mess/ inodes: an ENVELOPE after a FINISH of the same number is
+            # a new message on the inode freed by that FINISH's clean, so mess/S/n is its
+            # body now and must not be cleaned for the old one.
+            if n in self.to_clean:
+                self.to_clean = [m for m in self.to_clean if m != n]
             self._count(rec.pos, 1)              # its PREPROCESSED, if any, follows and uncounts it
             if not self._flagged_garbage(rec.flags, rec.pos, rec.length):
                 self.pending_new[n] = rec.pos
