@@ -16,6 +16,12 @@ the same N. For each backend a second, identical run under
 `strace -f -c --seccomp-bpf -e trace=fsync,fdatasync` (injectors and daemons alike)
 counts fsyncs per delivered message; its own time is not reported, because
 tracing slows it (--no-strace skips it, or it is skipped when strace is missing).
+
+Each run also prints where the CPU went, in ms per message: the injectors with
+their forked qmail-queue children, qmail-send, qmail-lspawn itself, its delivery
+children (the Maildir deliveries: the same code on both backends), and
+qmail-clean. The delivery children's share bounds how much faster one backend
+can make the whole run; the summary prints that bound next to the ratio.
 """
 import argparse
 import multiprocessing
@@ -25,9 +31,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import resource
 import tempfile
 import time
 
+import psutil
 from inotify_simple import INotify, flags
 
 
@@ -59,6 +67,7 @@ def inject(args):
     from qmailpy.queueclient import QueueClient
     body = b"x" * max(0, size - 60) + b"\n"
     times = []
+    own0, queueing0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
     for i in range(first, first + count):
         msg = b"X-Bench: %d\nSubject: bench\n\n" % i + body
         t = time.time()
@@ -68,8 +77,36 @@ def inject(args):
         if not result.ok:
             raise SystemExit("qmail-queue failed: %r" % result)
         times.append((i, t))
+    own = _cpu(resource.RUSAGE_SELF) - own0
+    queueing = _cpu(resource.RUSAGE_CHILDREN) - queueing0      # the reaped qmail-queue forks
     with open(out, "w") as f:
+        f.write("cpu %.6f %.6f\n" % (own, queueing))
         f.write("".join("%d %.6f\n" % it for it in times))
+
+
+CPU_ORDER = ("injectors", "qmail-queue children", "qmail-send", "qmail-lspawn", "delivery children",
+             "qmail-clean", "qmail-rspawn")
+
+
+def _cpu(who):
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def daemon_cpu(start_pid):
+    """CPU seconds so far of qmail-start's daemons, by program; delivery children are
+    counted once qmail-lspawn has reaped them (every delivery has reported by now)."""
+    by_name = {}
+    for proc in psutil.Process(start_pid).children(recursive=True) + [psutil.Process(start_pid)]:
+        try:
+            name = os.path.basename(proc.cmdline()[1]) if len(proc.cmdline()) > 1 else proc.name()
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        by_name[name] = by_name.get(name, 0) + times.user + times.system
+        if name == "qmail-lspawn":
+            by_name["delivery children"] = times.children_user + times.children_system
+    return by_name
 
 
 def count_fsyncs(args, backend):
@@ -106,20 +143,24 @@ def main():
     figures = {}
     for backend in backends:
         print("== backend %s" % backend, flush=True)
-        code, rate = run(args, backend)
+        code, rate, cpu = run(args, backend)
         if code:
             return code
         fsyncs = None
         if not args.no_strace and shutil.which("strace"):
             fsyncs = count_fsyncs(args, backend) / args.n
             print("fsyncs per delivered message: %.2f (fsync+fdatasync, all processes)" % fsyncs, flush=True)
-        figures[backend] = (rate, fsyncs)
+        figures[backend] = (rate, fsyncs, cpu)
     if len(figures) == 2:
         print("== summary (N=%d)" % args.n)
-        for backend, (rate, fsyncs) in figures.items():
-            print("%-4s %8.1f messages/s end to end   fsyncs/message %s" % (
-                backend, rate, "-" if fsyncs is None else "%.2f" % fsyncs))
+        for backend, (rate, fsyncs, cpu) in figures.items():
+            print("%-4s %8.1f messages/s end to end   fsyncs/message %s   CPU ms/message %.2f" % (
+                backend, rate, "-" if fsyncs is None else "%.2f" % fsyncs, sum(cpu.values()) * 1000 / args.n))
         print("log / dir: %.2fx" % (figures["log"][0] / figures["dir"][0]))
+        dir_cpu = figures["dir"][2]
+        shared = dir_cpu["delivery children"] / sum(dir_cpu.values())
+        print("delivery children: %.0f%% of the directory backend's CPU; a backend whose own work"
+              " cost nothing would be at most %.2fx faster when CPU-bound" % (shared * 100, 1 / shared))
     return 0
 
 
@@ -169,11 +210,18 @@ def run(args, backend):
                 arrivals.setdefault(event.name, time.time())
         pending.get(timeout=60)
         pool.close()
+        cpu = daemon_cpu(send.pid)
+        cpu["injectors"] = cpu["qmail-queue children"] = 0.0
         injected = {}
         for job in jobs:
             with open(job[4]) as f:
                 for line in f:
-                    i, t = line.split()
+                    i, t = line.split()[:2]
+                    if i == "cpu":
+                        own, queueing = map(float, line.split()[1:])
+                        cpu["injectors"] += own
+                        cpu["qmail-queue children"] += queueing
+                        continue
                     injected[int(i)] = float(t)
         latencies = []
         for name, t in arrivals.items():
@@ -190,8 +238,11 @@ def run(args, backend):
         if latencies:
             print("latency injection->Maildir/new: median %.1f ms, p95 %.1f ms" % (
                 latencies[len(latencies) // 2] * 1000, latencies[int(len(latencies) * 0.95)] * 1000))
+        print("CPU ms per message: %s; total %.2f" % (", ".join(
+            "%s %.2f" % (name, cpu[name] * 1000 / args.n) for name in CPU_ORDER if name in cpu),
+            sum(cpu.values()) * 1000 / args.n))
         sys.stdout.flush()
-        return (0 if len(arrivals) == args.n else 1), rate
+        return (0 if len(arrivals) == args.n else 1), rate, cpu
     finally:
         if send is not None and send.poll() is None:
             send.send_signal(signal.SIGTERM)

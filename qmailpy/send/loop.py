@@ -456,8 +456,11 @@ class QmailSend:
         recipient = record.address
         ch.outbuf = encode_command(slot, self.backend.message_path(job.n).encode("ascii"),
                                    verp(job.sender, recipient), recipient)
-        self._flush_command(ch)
+        # Logged before the command leaves, as qmail does (it only buffers it here): a
+        # crash can then leave a started delivery that never ran, never one that ran
+        # without its line, so the log bounds what may be delivered twice after a restart.
         self.log(logline.starting_delivery(d, job.n, ch.name, recipient))
+        self._flush_command(ch)
         self.status()
 
     # -- completion ---------------------------------------------------------------
