@@ -3,6 +3,8 @@ what a user sees in Maildirs, mboxes and qmail-send's log."""
 import fcntl
 import os
 import re
+import shutil
+import subprocess
 
 import pytest
 from inotify_simple import INotify, flags
@@ -192,3 +194,48 @@ def test_concurrencylocal_bounds_deliveries_in_flight(qmail_home, users, daemons
     assert all(statuses) and {m.group(2) for m in statuses} == {"2"}
     assert max(int(m.group(1)) for m in statuses) == 2
     assert in_flight(lines) == 2
+
+
+ZERO_TIMEOUT = re.compile(r"^p?select6?\(.*\{tv_sec=0, tv_n?sec=0\}")
+
+
+@pytest.mark.skipif(not shutil.which("strace"), reason="strace is not installed")
+def test_a_full_channel_with_overdue_messages_is_waited_for_not_polled(qmail_home, users, daemons, tmp_path):
+    """Every local slot busy and more local messages due: qmail-send sleeps in select()
+    until a delivery reports, as qmail does; it must not wake again and again for the
+    overdue messages it cannot start (a busy loop that ate a CPU under any backlog)."""
+    qmail_home.control("concurrencylocal", "1\n")
+    qmail_home.control("smtproutes", "closed.example:127.0.0.1:1\n")
+    gate = os.path.join(shared_dir(qmail_home, "work"), "gate")
+    bench = users.add("bench")
+    users.add("bench-", home=bench, dash="-", wildcard=True)
+    users.dotqmail(bench, "-slow-default", "|flock -s %s true\n" % gate)
+    trace = tmp_path / "selects"
+    with open(gate, "wb") as held:
+        os.chmod(gate, 0o644)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        daemons.start()
+        daemons.wait_line(r"^status: ")
+        for i in range(3):
+            queue(qmail_home, b"joe@far.example", [b"bench-slow-%d@test.example" % i])
+        daemons.wait_line(r"^info msg ", count=3)
+        daemons.wait_line(r"^status: local 1/1 ")
+        strace = subprocess.Popen(["strace", "-o", str(trace), "-e", "trace=select,pselect6",
+                                   "-p", str(daemons.proc.pid)], stderr=subprocess.PIPE, text=True)
+        try:
+            attached = strace.stderr.readline()
+            if "attached" not in attached:
+                pytest.skip("strace cannot attach here: %s" % attached.strip())
+            # a window of real work while the local channel stays full: one remote
+            # delivery, to a closed port, from queueing to its deferral
+            queue(qmail_home, b"joe@far.example", [b"someone@closed.example"])
+            daemons.wait_line(r"^delivery \d+: deferral: ")
+        finally:
+            strace.terminate()
+            strace.wait(timeout=30)
+        fcntl.flock(held, fcntl.LOCK_UN)
+    daemons.wait_line(r"^end msg ", count=3)
+    calls = trace.read_text().splitlines()
+    assert len(calls) >= 2, calls                 # it did wake for the remote delivery
+    polls = [c for c in calls if ZERO_TIMEOUT.search(c)]
+    assert len(polls) <= 3, (len(polls), len(calls), polls[:5])

@@ -371,7 +371,10 @@ class QmailSend:
         """Start deliveries from the current pass; open further passes while slots are free."""
         while not self.exitasap:
             if ch.job is None:
-                if self.jobs_open >= self.numjobs or not ch.available():
+                # As qmail, a pass opens whenever a job is free, slots or not: while it is
+                # open and the channel is full, pass_wakeup() waits for a reply instead of
+                # waking at once for the channel's overdue queue (a busy loop).
+                if self.jobs_open >= self.numjobs or not ch.alive:
                     return
                 n = ch.pop_due(self.now)
                 if n is None:
