@@ -94,15 +94,17 @@ def _cpu(who):
 
 
 def daemon_cpu(start_pid):
-    """CPU seconds so far of qmail-start's daemons, by program; delivery children are
-    counted once qmail-lspawn has reaped them (every delivery has reported by now)."""
+    """CPU seconds so far of qmail-send (qmail-start's process) and the daemons it
+    started, by program; delivery children count once qmail-lspawn has reaped them."""
+    send = psutil.Process(start_pid)
     by_name = {}
-    for proc in psutil.Process(start_pid).children(recursive=True) + [psutil.Process(start_pid)]:
+    for proc in [send] + send.children():
         try:
-            name = os.path.basename(proc.cmdline()[1]) if len(proc.cmdline()) > 1 else proc.name()
+            argv = proc.cmdline()
             times = proc.cpu_times()
         except psutil.Error:
             continue
+        name = os.path.basename(argv[1]) if len(argv) > 1 else proc.name()
         by_name[name] = by_name.get(name, 0) + times.user + times.system
         if name == "qmail-lspawn":
             by_name["delivery children"] = times.children_user + times.children_system
@@ -158,9 +160,10 @@ def main():
                 backend, rate, "-" if fsyncs is None else "%.2f" % fsyncs, sum(cpu.values()) * 1000 / args.n))
         print("log / dir: %.2fx" % (figures["log"][0] / figures["dir"][0]))
         dir_cpu = figures["dir"][2]
-        shared = dir_cpu["delivery children"] / sum(dir_cpu.values())
-        print("delivery children: %.0f%% of the directory backend's CPU; a backend whose own work"
-              " cost nothing would be at most %.2fx faster when CPU-bound" % (shared * 100, 1 / shared))
+        shared = dir_cpu.get("delivery children", 0) / sum(dir_cpu.values())
+        if shared:
+            print("delivery children: %.0f%% of the directory backend's CPU; a backend whose own work"
+                  " cost nothing would be at most %.2fx faster when CPU-bound" % (shared * 100, 1 / shared))
     return 0
 
 

@@ -200,11 +200,19 @@ class _Cursor:
 
 
 class _Runner:
-    __slots__ = ("lag", "cursor", "wake", "held")
+    __slots__ = ("lag", "cursor", "wake", "held", "parked")
 
     def __init__(self, lag, cursor):
         self.lag, self.cursor, self.wake = lag, cursor, 0
         self.held = []               # heap of (due, position) of snapshots it owns and passed
+        self.parked = False          # stopped at a record it cannot pass before `wake`
+
+    def idle(self, now, tail):
+        """True when a walk now could find nothing: nothing held is due, and the cursor
+        is parked before `wake` or waits at a tail that has not moved."""
+        if self.wake and self.wake <= now:
+            return False
+        return self.parked or self.cursor.pos == tail
 
     def hold(self, due, pos):
         heapq.heappush(self.held, (due, pos))
@@ -692,7 +700,10 @@ class LogQueue(QueueBackend):
         if not self.recovered:
             self.recover()
         found = []
+        tail = self._tail()                      # one read of the commit word, not one per runner
         for i, r in enumerate(self.runners):
+            if r.idle(now, tail):
+                continue
             slower = self.runner_lags[i + 1] if i + 1 < len(self.runners) else None
             self._walk(r, slower, now, found)
         if self.flusher is not None:
@@ -704,6 +715,7 @@ class LogQueue(QueueBackend):
         self._offer_held(r, now, found)
         cur = r.cursor
         r.wake = r.held[0][0] if r.held else 0
+        r.parked = False
         garbage, active = self.garbage, self.active
         for _ in range(RUNNER_BATCH):
             head = cur.peek_schedule()
@@ -712,6 +724,7 @@ class LogQueue(QueueBackend):
             type, flags, written, n, dues, length = head
             if written + r.lag > now:
                 r.wait_until(written + r.lag)
+                r.parked = True
                 return
             if (dues is not None and n not in active and (cur.seg, cur.off) not in garbage
                     and not self._flagged_garbage(flags, cur.pos, length)):
@@ -726,6 +739,7 @@ class LogQueue(QueueBackend):
                     if slower is None or written + slower > t:
                         if len(r.held) >= RUNNER_HELD:
                             r.wait_until(t)      # heap full: wait here
+                            r.parked = True
                             return
                         r.hold(t, cur.pos)       # this runner owns it
             cur.skip(length)
