@@ -238,4 +238,5 @@ def test_a_full_channel_with_overdue_messages_is_waited_for_not_polled(qmail_hom
     calls = trace.read_text().splitlines()
     assert len(calls) >= 2, calls                 # it did wake for the remote delivery
     polls = [c for c in calls if ZERO_TIMEOUT.search(c)]
+    print("selects %d, zero timeout %d" % (len(calls), len(polls)))
     assert len(polls) <= 3, (len(polls), len(calls), polls[:5])
