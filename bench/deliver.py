@@ -28,10 +28,10 @@ import multiprocessing
 import os
 import pwd
 import shutil
+import resource
 import signal
 import subprocess
 import sys
-import resource
 import tempfile
 import time
 
@@ -219,13 +219,12 @@ def run(args, backend):
         for job in jobs:
             with open(job[4]) as f:
                 for line in f:
-                    i, t = line.split()[:2]
-                    if i == "cpu":
-                        own, queueing = map(float, line.split()[1:])
-                        cpu["injectors"] += own
-                        cpu["qmail-queue children"] += queueing
-                        continue
-                    injected[int(i)] = float(t)
+                    first, *rest = line.split()
+                    if first == "cpu":
+                        cpu["injectors"] += float(rest[0])
+                        cpu["qmail-queue children"] += float(rest[1])
+                    else:
+                        injected[int(first)] = float(rest[0])
         latencies = []
         for name, t in arrivals.items():
             with open(os.path.join(new, name), "rb") as f:
