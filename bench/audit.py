@@ -13,7 +13,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from qmailpy import snapshot as snapshot_format  # noqa: E402
+from qmailpy import snapshot_format  # noqa: E402
 from spark import synthetic  # noqa: E402
 
 LINES_PER_MESSAGE = 9.6         # what synthetic.generate writes on average

@@ -5,7 +5,7 @@ all are in Maildir/new.
 
 Builds a throw-away home (`qmailctl init`), one user with ~/Maildir/ in
 users/assign, starts the real daemons with `qmail-start ./Maildir/`, and
-injects through qmail-queue (qmailpy.queueclient, as qmail-inject does) from
+injects through qmail-queue (qmailpy.queue.client, as qmail-inject does) from
 several injector processes. Each message carries `X-Bench: i`; arrivals in
 Maildir/new are watched with inotify. Prints messages/s (first injection to
 last arrival) and the median and 95th percentile injection-to-delivery latency.
@@ -64,7 +64,7 @@ def make_home(base, user, backend="dir"):
 
 def inject(args):
     home, first, count, size, out = args
-    from qmailpy.queueclient import QueueClient
+    from qmailpy.queue.client import QueueClient
     body = b"x" * max(0, size - 60) + b"\n"
     times = []
     own0, queueing0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)

@@ -2,7 +2,7 @@
 """Log-structured queue backend: injection, fsyncs, qmail-send memory, restart time.
 
   inject   N messages queued by W concurrent forked workers, on the directory backend
-           (qmailpy.qmailqueue.run: mess + intd + todo, its fsyncs) and on the log backend
+           (qmailpy.queue.qmailqueue.run: mess + intd + todo, its fsyncs) and on the log backend
            (same body write, then one group-committed ENVELOPE append). Prints messages/s and
            fsyncs per message (every os.fsync in the workers counted).
   send     qmail-send's side on the same N: preprocess, one delivery, completion, through
@@ -61,7 +61,7 @@ def _worker(home, backend, count, report_w):
     os.fsync = counting_fsync
     queue = os.path.join(home, "queue")
     if backend == "dir":
-        from qmailpy import qmailqueue
+        from qmailpy.queue import qmailqueue
         env = b"Fbench@bench.example\0Trcpt@bench.example\0\0"
         for _ in range(count):
             mr, mw = os.pipe()
@@ -164,7 +164,7 @@ def send_side(backend_name, messages):
             return real_fsync(fd)
         if backend_name == "dir":
             from qmailpy.backends.dirqueue import DirQueue
-            from qmailpy.clean import CleanClient
+            from qmailpy.send.clean import CleanClient
             clean = subprocess.Popen([os.path.join(BIN, "qmail-clean")], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=dict(os.environ, QMAILHOME=home))
             backend = DirQueue(home, cleaner=CleanClient(clean.stdin.fileno(), clean.stdout.fileno()))

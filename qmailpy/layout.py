@@ -7,7 +7,8 @@ is ignored.
 import os
 
 SPLIT = 23
-SPLIT_DIRS = ("mess", "info", "local", "remote")
+CHANNELS = ("local", "remote")    # the two delivery channels, in this order everywhere
+SPLIT_DIRS = ("mess", "info") + CHANNELS
 FLAT_DIRS = ("pid", "intd", "todo", "bounce", "lock")
 QUEUE_DIRS = ("pid", "mess", "intd", "todo", "info", "local", "remote", "bounce", "lock")
 

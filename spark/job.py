@@ -11,7 +11,7 @@ import os
 from pyspark import StorageLevel
 from pyspark.sql import types as T
 
-from qmailpy import snapshot as snapshot_format
+from qmailpy import snapshot_format
 from spark import inputs as inputs_mod
 from spark import logparse, messages, segments, snapshots, summaries, report
 

@@ -1,4 +1,4 @@
-"""Checks on queue snapshot records (qmailpy.snapshot format), pure Python.
+"""Checks on queue snapshot records (qmailpy.snapshot_format format), pure Python.
 
 check_record() gives the findings one message record shows by itself;
 observation() the item handed to the per-message transition table so the

@@ -22,7 +22,7 @@ import heapq
 import random
 import time
 
-from qmailpy import snapshot as snapshot_format
+from qmailpy import snapshot_format
 from spark.messages import last_attempt_offset, next_pass_offset
 
 LOG_DEFECTS = ("illegal-transition", "delivery-after-end", "duplicate-delivery",

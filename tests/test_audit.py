@@ -236,7 +236,7 @@ def test_clean_logs_of_two_hosts_in_iso_and_tai64n_find_nothing(spark, tmp_path)
     # beta's log was rotated and compressed by logrotate, under a name without .gz
     b.write_bytes(gzip.compress(b.read_bytes()))
     # a snapshot of a third host: no log of it, and no snapshot of alpha or beta
-    from qmailpy import snapshot as snapshot_format
+    from qmailpy import snapshot_format
     gamma = tmp_path / "gamma.snapshot"
     with open(gamma, "w") as f:
         snapshot_format.write([snapshot_format.header("gamma", "/var/qmail", "dir",

@@ -1,7 +1,8 @@
 """The audit's per-message logic without Spark: parsing, transition checks, snapshots."""
 import os
 
-from qmailpy import logline, snapshot, states
+from qmailpy import logline, states
+from qmailpy import snapshot_format as snapshot
 from spark import inputs, logparse, messages, report, segments, snapshots, synthetic
 
 DATA = "/work/shared/data"

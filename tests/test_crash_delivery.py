@@ -20,7 +20,7 @@ N = 500
 
 INJECTOR = r'''
 import sys
-from qmailpy.queueclient import QueueClient
+from qmailpy.queue.client import QueueClient
 home, n = sys.argv[1], int(sys.argv[2])
 for i in range(n):
     qq = QueueClient(home)

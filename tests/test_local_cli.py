@@ -100,5 +100,5 @@ def test_imports_only_what_it_uses(qmail_home, home):
                 if line.startswith("import time:")}
     assert "qmailpy.local.maildir" in imported
     for unused in ("qmailpy.local.mbox", "qmailpy.local.program", "qmailpy.local.forward",
-                   "qmailpy.queueclient", "fcntl", "subprocess", "socket"):
+                   "qmailpy.queue.client", "fcntl", "subprocess", "socket"):
         assert unused not in imported

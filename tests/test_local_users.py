@@ -1,12 +1,13 @@
-"""Recipient lookup (qmailpy.users): users/assign, users/cdb as qmail-newu builds it, passwd, alias."""
+"""Recipient lookup (qmailpy.local.users): users/assign, users/cdb as qmail-newu builds it, passwd, alias."""
 import os
 import pwd
 import struct
 
 import pytest
 
-from qmailpy import cdb, users
-from qmailpy.users import Recipient
+from qmailpy import cdb
+from qmailpy.local import users
+from qmailpy.local.users import Recipient
 
 ASSIGN = b"""=joe:joe:1001:1001:/home/joe:::
 =Joe.Smith:joe:1001:1001:/home/joe:-:smith:

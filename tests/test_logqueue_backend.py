@@ -12,7 +12,7 @@ from qmailpy.backends.base import QueueBackend
 from qmailpy.backends.logcommit import LogWriter, list_segments
 from qmailpy.backends.logenqueue import append_envelope, enqueue
 from qmailpy.backends.logqueue import LogQueue
-from qmailpy.clean import CleanClient, CleanerLost
+from qmailpy.send.clean import CleanClient, CleanerLost
 
 from logqueue_harness import deliver_all, deliveries, make_queue, route
 

@@ -8,7 +8,7 @@ from inotify_simple import INotify, flags
 from qmailpy.backends import dirlist
 from qmailpy.backends.dirqueue import DirQueue
 from qmailpy.backends.logqueue import LogQueue
-from qmailpy.clean import CleanClient
+from qmailpy.send.clean import CleanClient
 
 from logqueue_harness import route
 

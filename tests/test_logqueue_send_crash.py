@@ -330,7 +330,7 @@ LOAD_TIMEOUT = 240
 
 LOAD_INJECTOR = r'''
 import sys
-from qmailpy.queueclient import QueueClient
+from qmailpy.queue.client import QueueClient
 home, first, step, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 for i in range(first, n, step):
     rcpts = [b"alice@test.example"] + ([b"bob@test.example"] if i % 2 == 0 else [])

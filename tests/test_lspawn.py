@@ -193,7 +193,7 @@ def test_missing_defaultdelivery_argument(qmail_home):
 
 
 def test_compiled_users_cdb_is_used(users):
-    from qmailpy.users import compile_assign
+    from qmailpy.local.users import compile_assign
     home = users.add("team-", dash="-", wildcard=True)
     users.dotqmail(home, "-default", "./Maildir/\n")
     compile_assign(users.qh.path)

@@ -14,7 +14,7 @@ from inotify_simple import INotify, flags
 
 from qmailpy import states
 from qmailpy.layout import SPLIT
-from qmailpy.queueclient import QueueClient
+from qmailpy.queue.client import QueueClient
 from queue_view import queued
 
 AS_ROOT = os.geteuid() == 0
@@ -417,7 +417,7 @@ def test_leftovers_of_failed_queueing_are_removed_by_the_36_hour_cleanup(qmail_h
     assert list(message_states(qmail_home)) == fresh          # the young one (deferred) stays
 
 
-# --- the injector side: qmailpy.queueclient ---------------------------------
+# --- the injector side: qmailpy.queue.client ---------------------------------
 
 def _in_home(home, fn):
     """Run fn in a child process with the home's environment (QueueClient forks; keep pytest clean)."""

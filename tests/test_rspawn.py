@@ -9,7 +9,7 @@ import pytest
 
 from qmailpy import spawn
 from qmailpy.envelope import safe
-from qmailpy.rspawn import report
+from qmailpy.remote.rspawn import report
 from remote_harness import Smtpd, closed_port, route
 from shared_data import data_file
 

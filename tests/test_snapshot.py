@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from qmailpy import layout, snapshot, states
+from qmailpy import layout, states
+from qmailpy import snapshot_format as snapshot
 
 DATA = "/work/shared/data"
 if not os.path.isdir(DATA):

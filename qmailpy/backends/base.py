@@ -11,6 +11,13 @@ the offset is opaque to callers and only handed back to mark_done().
 from abc import ABC, abstractmethod
 
 
+class CleanerLost(Exception):
+    """The cleaner (qmail-clean's pipe) hit EOF or EPIPE: qmail-send must exit.
+
+    Defined with the interface because a backend passes it through from the
+    cleaner it was given; qmail-send's CleanClient raises it."""
+
+
 class QueueError(Exception):
     """A queue operation failed; the caller logs str(self) and retries later."""
 
@@ -18,6 +25,7 @@ class QueueError(Exception):
 # Scheduled.channel for an entry the startup scan could not read (a stat error
 # other than ENOENT): at `due` the caller asks backend.recheck(n) again.
 RECHECK = "recheck"
+SLEEP_SYSFAIL = 123      # seconds before a step that failed on a system error is tried again
 
 
 class Scheduled:

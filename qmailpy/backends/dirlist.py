@@ -13,7 +13,7 @@ import os
 from qmailpy import states
 from qmailpy.backends.base import MessageView
 from qmailpy.envelope import parse_channel, parse_info
-from qmailpy.layout import SPLIT, is_number
+from qmailpy.layout import CHANNELS, SPLIT, is_number
 
 # djb's error_str() wording for the errors a reader meets.
 _ERROR_TEXT = {
@@ -69,7 +69,7 @@ def view(queue_dir, n):
     except OSError as e:
         return MessageView(n, states.S5, error=error_text(e))
     channels = {}
-    for channel in ("local", "remote"):
+    for channel in CHANNELS:
         try:
             channels[channel] = parse_channel(_read(os.path.join(queue_dir, channel, str(s), str(n))))
         except FileNotFoundError:

@@ -7,20 +7,18 @@ naming the file relative to the queue directory.
 
 State lives in the files: no per-message memory is kept here. todo/, intd/
 and mess/ are only ever unlinked by qmail-clean, through the `cleaner`
-(an object with request(name) -> reply byte; see qmailpy.clean.CleanClient).
+(an object with request(name) -> reply byte; see qmailpy.send.clean.CleanClient).
 """
 import errno
 import os
 import time
 
 from qmailpy import envelope, logline
-from qmailpy.backends.base import RECHECK, Preprocessed, QueueBackend, QueueError, Scheduled
-from qmailpy.layout import SPLIT, is_number
-from qmailpy.syncdir import fsync_dir
+from qmailpy.backends.base import RECHECK, SLEEP_SYSFAIL, Preprocessed, QueueBackend, QueueError, Scheduled
+from qmailpy.layout import CHANNELS, SPLIT, is_number, relpath
+from qmailpy.states import LEFTOVER_AGE
+from qmailpy.fileio import fsync_dir, write_all
 
-CHANNELS = ("local", "remote")
-SLEEP_SYSFAIL = 123
-OSSIFIED = 129600
 
 
 def parse_channel_records(data):
@@ -65,9 +63,9 @@ class DirQueue(QueueBackend):
 
     @staticmethod
     def _rel(kind, n):
-        if kind in ("todo", "intd", "bounce", "foop"):
-            return "%s/%d" % (kind, n)
-        return "%s/%d/%d" % (kind, n % SPLIT, n)
+        if kind == "foop":
+            return "foop/%d" % n
+        return relpath(kind, n)
 
     def _warn(self, text):
         if self._log is not None:
@@ -336,9 +334,7 @@ class DirQueue(QueueBackend):
     @staticmethod
     def _write_all(fd, data, rel):
         try:
-            view = memoryview(bytes(data))
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, bytes(data))
         except OSError:
             raise QueueError("trouble writing to %s" % rel)
 
@@ -500,7 +496,7 @@ class DirQueue(QueueBackend):
                     st = os.stat(self._path(self._rel("mess", n)))
                 except OSError:
                     continue
-                if now <= st.st_atime + OSSIFIED:
+                if now <= st.st_atime + LEFTOVER_AGE:
                     continue
                 try:
                     if self._exists(self._rel("info", n)) or self._exists(self._rel("todo", n)):

@@ -37,7 +37,7 @@ import os
 import struct
 
 from qmailpy.backends.logrecords import HEADER_SIZE, segment_header
-from qmailpy.syncdir import fsync_dir
+from qmailpy.fileio import fsync_dir
 
 LOG_DIR = "log"
 SEGMENT_LIMIT = 64 * 1024 * 1024

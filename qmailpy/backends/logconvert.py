@@ -17,7 +17,7 @@ from qmailpy import envelope, states
 from qmailpy.backends import logrecords as R
 from qmailpy.backends.logcommit import LOG_DIR, LogWriter, fsync_dir, list_segments, segment_name
 from qmailpy.backends.logqueue import CHECKPOINT, LogQueue
-from qmailpy.layout import SPLIT, is_number
+from qmailpy.layout import CHANNELS, SPLIT, is_number, relpath
 
 
 class ConvertError(Exception):
@@ -36,10 +36,6 @@ def _numbers(d):
         return []
 
 
-def _rel(kind, n):
-    return "%s/%d/%d" % (kind, n % SPLIT, n)
-
-
 # --- one normal form for both backends --------------------------------------------
 
 def dir_messages(queue):
@@ -53,12 +49,12 @@ def dir_messages(queue):
         for n in _numbers(os.path.join(queue, "info", str(s))):
             if n in out:
                 continue                            # todo wins: preprocessing is redone
-            path = os.path.join(queue, _rel("info", n))
+            path = os.path.join(queue, relpath("info", n))
             sender = envelope.parse_info(_read(path))
             chans = {}
-            for c in R.CHANNELS:
+            for c in CHANNELS:
                 try:
-                    data = _read(os.path.join(queue, _rel(c, n)))
+                    data = _read(os.path.join(queue, relpath(c, n)))
                 except FileNotFoundError:
                     continue
                 chans[c] = [(r.done, r.address) for r in envelope.parse_channel(data)]
@@ -118,7 +114,7 @@ class Progress:
 # --- dir -> log ---------------------------------------------------------------------
 
 ENVELOPE_DIRS = ("todo", "intd", "bounce") + tuple(
-    "%s/%d" % (kind, s) for kind in ("info", "local", "remote") for s in range(SPLIT))
+    "%s/%d" % (kind, s) for kind in ("info",) + CHANNELS for s in range(SPLIT))
 
 
 def _no_step(name):
@@ -142,11 +138,11 @@ def dir_to_log(home, progress=None, step=_no_step):
                 writer.append(R.encode_envelope(mtime, n, uid, pid, sender,
                                                 [a for _, a in chans["todo"]]))
             else:
-                birth = int(os.stat(os.path.join(queue, _rel("info", n))).st_mtime)
+                birth = int(os.stat(os.path.join(queue, relpath("info", n))).st_mtime)
                 size = _size(queue, n)
                 channels = {}
                 for c, rcpts in chans.items():
-                    due = int(os.stat(os.path.join(queue, _rel(c, n))).st_mtime)
+                    due = int(os.stat(os.path.join(queue, relpath(c, n))).st_mtime)
                     channels[c] = (due, rcpts)
                 writer.append(R.encode_snapshot(R.PREPROCESSED, birth, n, R.NOWHERE, birth, 0, 0, size,
                                                 sender, notes, (), channels))
@@ -197,7 +193,7 @@ def remove_log(queue, step=_no_step):
 
 def _size(queue, n):
     try:
-        return os.stat(os.path.join(queue, _rel("mess", n))).st_size
+        return os.stat(os.path.join(queue, relpath("mess", n))).st_size
     except OSError:
         return 0
 
@@ -251,11 +247,11 @@ def log_to_dir(home, progress=None, step=_no_step):
             else:
                 for c, (due, _) in rec.channels.items():
                     recs = source[n][2][c]
-                    _write_file(os.path.join(queue, _rel(c, n)),
+                    _write_file(os.path.join(queue, relpath(c, n)),
                                 b"".join((b"D" if d else b"T") + a + b"\0" for d, a in recs), due)
                 if m["notes"]:
                     _write_file(os.path.join(queue, "bounce", str(n)), m["notes"])
-                _write_file(os.path.join(queue, _rel("info", n)), envelope.info_bytes(rec.sender),
+                _write_file(os.path.join(queue, relpath("info", n)), envelope.info_bytes(rec.sender),
                             rec.birth)
             bar.step()
     finally:

@@ -12,8 +12,8 @@ import time
 
 from qmailpy.backends.logcommit import LOG_DIR, LogWriter
 from qmailpy.backends.logrecords import encode_envelope
+from qmailpy.layout import SPLIT
 
-SPLIT = 23
 
 
 def append_envelope(queue_dir, n, uid, qp, sender, recipients, now=None, writer=None):

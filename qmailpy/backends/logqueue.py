@@ -51,14 +51,13 @@ import time
 
 from qmailpy import logline, states
 from qmailpy.backends import logrecords as R
-from qmailpy.backends.base import MessageView, Preprocessed, QueueBackend, QueueError, Scheduled
+from qmailpy.backends.base import CleanerLost, MessageView, Preprocessed, QueueBackend, QueueError, Scheduled
 from qmailpy.backends.logcommit import (LOG_DIR, SEGMENT_LIMIT_CONTROL, LogWriter, fsync_dir, list_segments,
                                         read_segment_limit, segment_name)
-from qmailpy.clean import CleanerLost
 from qmailpy.envelope import ChannelRecord
-from qmailpy.layout import SPLIT, is_number
+from qmailpy.layout import CHANNELS, SPLIT, is_number, relpath
+from qmailpy.states import LEFTOVER_AGE
 
-CHANNELS = R.CHANNELS
 # Runner lags (seconds behind the head). qmail's retry intervals run from 100 s
 # to about 9 h; a deferred message is met no earlier than it is due and at most
 # one lag step late.
@@ -69,7 +68,6 @@ FLUSH_IN_FLIGHT = 1000        # run_all_now(): messages offered at once
 CHECKPOINT_EVERY = 5
 CHECKPOINT = "checkpoint"
 QUARANTINE = "quarantine"
-OSSIFIED = 129600
 _CHUNK = 256 * 1024
 # Test hook (crash tests): with QMAILPY_LOG_KILL_AT=K in its environment, the process
 # SIGKILLs itself right after its K-th record append reaches the segment file. Read
@@ -668,7 +666,7 @@ class LogQueue(QueueBackend):
         if env.type != R.ENVELOPE or env.n != n:
             del self.pending_new[n]
             raise QueueError("unable to open todo/%d" % n)
-        mess = "mess/%d/%d" % (n % SPLIT, n)
+        mess = relpath("mess", n)
         try:
             size = os.stat(os.path.join(self.queue, mess)).st_size
         except OSError:
@@ -921,7 +919,7 @@ class LogQueue(QueueBackend):
                 self._warn("qmail-clean unable to clean up %s" % foop)
             return
         try:
-            os.unlink(os.path.join(self.queue, "mess", str(n % SPLIT), str(n)))
+            os.unlink(os.path.join(self.queue, relpath("mess", n)))
         except FileNotFoundError:
             pass
         except OSError:
@@ -963,7 +961,7 @@ class LogQueue(QueueBackend):
                         st = os.stat(os.path.join(d, name))
                     except OSError:
                         continue
-                    if now > st.st_atime + OSSIFIED:
+                    if now > st.st_atime + LEFTOVER_AGE:
                         candidates.add(int(name))
         if not candidates:
             return

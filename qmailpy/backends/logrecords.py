@@ -25,6 +25,8 @@ can quarantine it, never silently dropped).
 import os
 import struct
 
+from qmailpy.layout import CHANNELS
+
 
 
 def _load_native_crc32c():
@@ -73,7 +75,6 @@ TYPE_NAMES = {ENVELOPE: "ENVELOPE", PREPROCESSED: "PREPROCESSED", START: "START"
               FINISH: "FINISH"}
 SNAPSHOTS = (PREPROCESSED, REPLACEMENT)   # records holding a message's whole S5 state
 
-CHANNELS = ("local", "remote")
 _CHANNEL_CODE = {"local": 0, "remote": 1}
 
 # DELIVERY results and BOUNCE-NOTE operations.

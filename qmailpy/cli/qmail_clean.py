@@ -6,7 +6,7 @@ import sys
 
 def main(argv=None):
     from qmailpy.home import qmail_home
-    from qmailpy.clean import serve
+    from qmailpy.send.clean import serve
     try:
         os.chdir(qmail_home())
         os.chdir("queue")

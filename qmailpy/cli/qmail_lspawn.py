@@ -1,6 +1,6 @@
 """qmail-lspawn defaultdelivery
 
-Argument parsing only; the spawner is qmailpy.lspawn. The home is $QMAILHOME
+Argument parsing only; the spawner is qmailpy.local.lspawn. The home is $QMAILHOME
 (default /var/qmail). Without defaultdelivery: exit 100, as qmail does.
 """
 import os
@@ -11,7 +11,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         return 100
-    from qmailpy import lspawn
+    from qmailpy.local import lspawn
     from qmailpy.home import qmail_home
     return lspawn.run(qmail_home(), os.fsencode(argv[0]))
 

@@ -12,7 +12,7 @@ def main(argv=None):
         sys.stderr.write("usage: qmail-newu [--home DIR]\n")
         return 100
     from qmailpy.home import qmail_home
-    from qmailpy.users import AssignError, compile_assign
+    from qmailpy.local.users import AssignError, compile_assign
     home = qmail_home(argv[1] if argv else None)
     try:
         compile_assign(home)

@@ -15,7 +15,7 @@ def main(argv=None):
         return 100
     out = sys.stdout.buffer
     try:
-        from qmailpy.qread import message_lines, queue_reader
+        from qmailpy.ctl.qread import message_lines, queue_reader
         list_messages, _ = queue_reader(home)
         for view in list_messages():
             out.writelines(message_lines(view))

@@ -15,7 +15,7 @@ def main(argv=None):
     home = qmail_home(argv[1] if argv else None)
     out = sys.stdout.buffer
     try:
-        from qmailpy.qread import qstat_lines, queue_reader
+        from qmailpy.ctl.qread import qstat_lines, queue_reader
         _, counts = queue_reader(home)
         out.writelines(qstat_lines(*counts()))
     except (OSError, ControlError, ValueError) as e:

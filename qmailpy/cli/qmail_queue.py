@@ -8,7 +8,7 @@ import os
 
 def main():
     from qmailpy.home import qmail_home
-    from qmailpy.qmailqueue import run
+    from qmailpy.queue.qmailqueue import run
     # os._exit: fd 1 is the envelope pipe, so nothing may be flushed to it at exit.
     os._exit(run(qmail_home()))
 

@@ -7,7 +7,7 @@ import sys
 
 def main(argv=None):
     from qmailpy.home import qmail_home
-    from qmailpy.rspawn import serve
+    from qmailpy.remote.rspawn import serve
     return serve(qmail_home())
 
 

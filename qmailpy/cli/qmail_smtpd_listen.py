@@ -47,14 +47,14 @@ def main(argv=None):
         return 100
     host, port, limit, local = parsed
     from qmailpy.home import ControlError, control_value, qmail_home
-    from qmailpy.listener import Listener, Rules
+    from qmailpy.smtpd.listener import Listener, Rules
     # Loaded once here so that each forked session starts with them in memory.
     from qmailpy.smtpd import privileges, session
     from qmailpy import privs
     privileges.preload()
     home = qmail_home()
     # ... and the accounts every session and queueing child switches to.
-    from qmailpy import qmailqueue
+    from qmailpy.queue import qmailqueue
     qmailqueue.prepare(home)
     if local is None:
         try:

@@ -5,7 +5,7 @@ import sys
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     from qmailpy.home import qmail_home
-    from qmailpy.start import DEFAULT_DELIVERY, StartFailure, start
+    from qmailpy.send.start import DEFAULT_DELIVERY, StartFailure, start
     defaultdelivery = argv[0] if argv else DEFAULT_DELIVERY
     try:
         start(qmail_home(), defaultdelivery, argv[1:])

@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 
-from qmailpy.syncdir import fsync_dir
+from qmailpy.fileio import fsync_dir
 
 HELP = "move a stopped queue between the directory and the log backend"
 

@@ -5,7 +5,7 @@ No Spark here: this runs on every mail host from qmail-audit.timer.
 import os
 import sys
 
-from qmailpy import snapshot
+from qmailpy import snapshot_format as snapshot
 from qmailpy.home import ControlError, qmail_home
 
 HELP = "write a snapshot of the queue (one JSON line per message) for qmail-audit"

@@ -53,7 +53,7 @@ def _inject(home, options, environ, stdin, stdout):
         return
     if not composed.recipients:
         raise InjectError(100, "no recipients: name them as arguments or in To/Cc/Bcc (-t)")
-    from qmailpy.queueclient import QueueClient
+    from qmailpy.queue.client import QueueClient
     try:
         qq = QueueClient(home, environ)
     except OSError:

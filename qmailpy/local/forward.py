@@ -1,6 +1,6 @@
 """Forwarding: the message goes back into the queue (spec §8.2).
 
-One new message through qmail-queue (qmailpy.queueclient): DTLINE then the
+One new message through qmail-queue (qmailpy.queue.client): DTLINE then the
 message as stored (no Return-Path), envelope sender NEWSENDER, recipients as
 written in the .qmail file. Returns the qp (the queueing process's pid).
 """
@@ -12,7 +12,7 @@ _CHUNK = 65536
 
 
 def forward(home, msgfd, dtline, newsender, recipients):
-    from qmailpy.queueclient import QueueClient, QueueStartError
+    from qmailpy.queue.client import QueueClient, QueueStartError
     try:
         qq = QueueClient(home)
     except QueueStartError as e:

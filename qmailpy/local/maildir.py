@@ -12,6 +12,7 @@ import os
 import signal
 import time
 
+from qmailpy.fileio import write_all
 from qmailpy.local.errors import Failure, error_temp
 
 TEMPORARY = b"Temporary error on maildir delivery. (#4.3.0)"
@@ -54,11 +55,6 @@ def _free_name(dirfd):
         time.sleep(2)
 
 
-def _write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
 
 def _copy(msgfd, fd, head):
     """Write head, then the message from msgfd's current offset to its end."""
@@ -73,9 +69,9 @@ def _copy(msgfd, fd, head):
         if pending:
             chunk = pending + chunk
             pending = b""
-        _write_all(fd, chunk)
+        write_all(fd, chunk)
     if pending:
-        _write_all(fd, pending)
+        write_all(fd, pending)
     return True
 
 

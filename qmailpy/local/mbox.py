@@ -11,6 +11,7 @@ import fcntl
 import os
 import signal
 
+from qmailpy.fileio import write_all
 from qmailpy.local.errors import Failure, error_str
 
 LOCK_TIMEOUT = 30
@@ -44,11 +45,6 @@ def _lock(fd, timeout):
 def _is_from(line):
     return line.lstrip(b">").startswith(b"From ")
 
-
-def _write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _quoted(msgfd):
@@ -87,7 +83,7 @@ def deliver(path, msgfd, ufline, rpline, dtline, lock_timeout=LOCK_TIMEOUT):
                 first = next(blocks)
             except OSError as e:
                 raise _ReadError(e) from e
-            _write_all(fd, head + first)
+            write_all(fd, head + first)
             while True:
                 try:
                     block = next(blocks, None)
@@ -95,7 +91,7 @@ def deliver(path, msgfd, ufline, rpline, dtline, lock_timeout=LOCK_TIMEOUT):
                     raise _ReadError(e) from e
                 if block is None:
                     break
-                _write_all(fd, block)
+                write_all(fd, block)
             os.fsync(fd)
         except _ReadError as e:
             _truncate(fd, start, locked)

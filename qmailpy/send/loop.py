@@ -15,8 +15,8 @@ import signal
 import time
 
 from qmailpy import logline, trigger
-from qmailpy.backends.base import RECHECK, QueueError
-from qmailpy.clean import CleanClient, CleanerLost
+from qmailpy.backends.base import RECHECK, SLEEP_SYSFAIL, QueueError
+from qmailpy.send.clean import CleanClient, CleanerLost
 from qmailpy.envelope import bounce_note
 from qmailpy.send import bounce, schedule
 from qmailpy.send.channel import Channel, Delivery, Job
@@ -26,7 +26,6 @@ SLEEP_TODO = 1500
 SLEEP_FUZZ = 1
 SLEEP_FOREVER = 86400
 SLEEP_CLEANUP = 76431
-SLEEP_SYSFAIL = 123
 SLEEP_PAUSE = 10
 TODO_BATCH = 4          # todo entries preprocessed per loop iteration
 DYING_TEXT = b"I'm not going to try again; this message has been in the queue too long.\n"
@@ -510,7 +509,7 @@ class QmailSend:
         return True
 
     def _queue_bounce(self, n, base, envelope, notes):
-        from qmailpy.queueclient import QueueClient, QueueStartError
+        from qmailpy.queue.client import QueueClient, QueueStartError
         c = self.controls
         env_sender, recipient = envelope
         try:

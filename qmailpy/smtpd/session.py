@@ -263,7 +263,7 @@ class Session:
             if self._queue_client is not None:
                 qq = self._queue_client(self.home, self.environ)
             else:
-                from qmailpy.queueclient import QueueClient
+                from qmailpy.queue.client import QueueClient
                 qq = QueueClient(self.home, self.environ)
         except OSError:
             self.out += R_QQT

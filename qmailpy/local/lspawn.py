@@ -2,7 +2,7 @@
 
 Commands arrive on fd 0 and replies leave on fd 1 in the spawn protocol
 (qmailpy.spawn). Each delivery runs in a child forked from this process
-without an exec: the child finds the recipient (qmailpy.users), becomes
+without an exec: the child finds the recipient (qmailpy.local.users), becomes
 that account, and runs qmail-local's code (qmailpy.local.deliver) with the
 message on fd 0 and the report pipe on fds 1 and 2. Its exit status and
 output become the K/Z/D reply. Everything a child needs is imported here,
@@ -22,7 +22,8 @@ and stats home directories.
 import os
 import signal
 
-from qmailpy import spawn, users
+from qmailpy import spawn
+from qmailpy.local import users
 from qmailpy.local import deliver as local_deliver
 
 QLX_USAGE = 112
@@ -106,7 +107,7 @@ def deliver_one(home, aliasempty, sender, recipient, queue_owner=None):
 PRELOAD = ("fcntl", "pwd", "qmailpy.cdb", "qmailpy.envelope", "qmailpy.privs",
            "qmailpy.local.dotqmail", "qmailpy.local.errors", "qmailpy.local.forward",
            "qmailpy.local.maildir", "qmailpy.local.mbox", "qmailpy.local.program",
-           "qmailpy.queueclient", "qmailpy.qmailqueue")
+           "qmailpy.queue.client", "qmailpy.queue.qmailqueue")
 
 
 def _preload():

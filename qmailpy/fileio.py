@@ -1,4 +1,4 @@
-"""fsync of a directory, after a link, rename or unlink the queue relies on.
+"""Writing whole buffers, and fsync of a directory after a link, rename or unlink.
 
 qmail assumes that link() and rename() reach the disk synchronously; ext4 and
 xfs promise that only after an fsync of the directory (what qmail's "syncdir"
@@ -13,3 +13,10 @@ def fsync_dir(path):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_all(fd, data):
+    """os.write until every byte of data is written (a pipe or a file may take less)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

@@ -24,9 +24,9 @@ import socket
 import time
 
 from qmailpy import envelope, layout, states
+from qmailpy.layout import CHANNELS
 
 FORMAT = 1
-CHANNELS = ("local", "remote")
 # Keys of a message record, in order. files: kind -> {path, split, size, mtime,
 # atime, inode, mode, links} (atime/inode/mode/links may be null when unknown).
 MESSAGE_FIELDS = ("record", "host", "n", "backend", "state", "files", "birth", "size",

@@ -11,15 +11,14 @@ import collections
 import os
 import time
 
+from qmailpy.backends.base import CleanerLost  # noqa: F401  (raised here, caught by qmail-send)
 from qmailpy.layout import relpath
+from qmailpy.states import LEFTOVER_AGE   # 36 hours; exceeds qmail-queue's 24 h alarm
 
-OSSIFIED = 129600          # 36 hours; exceeds qmail-queue's 24 h alarm
 CLEANUP_EVERY = 31
 REQUEST_MAX = 100          # bytes, including the final NUL
 
 
-class CleanerLost(Exception):
-    """qmail-clean's pipe hit EOF or EPIPE: qmail-send must exit (spec §6.7)."""
 
 
 # --- qmail-send's end -----------------------------------------------------
@@ -112,7 +111,7 @@ def cleanup_pid(now=None):
     for name in names:
         path = "pid/" + name
         try:
-            if now < os.stat(path).st_atime + OSSIFIED:
+            if now < os.stat(path).st_atime + LEFTOVER_AGE:
                 continue
             os.unlink(path)
         except OSError:

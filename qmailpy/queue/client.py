@@ -10,7 +10,7 @@ qmail-inject, qmail-smtpd, qmail-local forwards and qmail-send bounces.
 The child gets the message pipe on fd 0, the envelope pipe on fd 1 and the
 write end of an error pipe on fd 6, and chdirs to the home (failure: exit 61).
 If $QMAILQUEUE is set it is exec'd verbatim (no PATH search, no arguments;
-exec failure: exit 120). Otherwise the child runs qmailpy.qmailqueue.run()
+exec failure: exit 120). Otherwise the child runs qmailpy.queue.qmailqueue.run()
 itself and leaves with os._exit(): a fork, not a fresh interpreter, so queueing
 costs no Python start-up. result.pid is the child's pid, the "qp".
 
@@ -27,6 +27,8 @@ failure): qmail-smtpd answers `451 qqt failure (#4.3.0)`.
 Imports are kept to os and sys: this module is loaded by every injector.
 """
 import os
+
+from qmailpy.fileio import write_all
 
 _BUFFER = 65536
 
@@ -100,7 +102,7 @@ class QueueClient:
         environ = os.environ if environ is None else environ
         program = environ.get("QMAILQUEUE")
         if program is None:
-            from qmailpy import qmailqueue
+            from qmailpy.queue import qmailqueue
             qmailqueue.prepare(home)
         fds = []
         try:
@@ -135,7 +137,7 @@ class QueueClient:
 
     def _flush(self):
         try:
-            _write_all(self._msg, self._buf)
+            write_all(self._msg, self._buf)
         except OSError:
             self._write_error = True
         self._buf.clear()
@@ -161,7 +163,7 @@ class QueueClient:
                 parts += [b"T", rcpt, b"\0"]
             parts.append(b"\0")
             try:
-                _write_all(self._env, b"".join(parts))
+                write_all(self._env, b"".join(parts))
             except OSError:
                 self._write_error = True
         return self._wait()
@@ -205,11 +207,6 @@ class QueueClient:
             pass
 
 
-def _write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
 
 def _child(home, program, msg_r, env_r, err_w, parent_fds):
     """In the forked child: wire fds 0, 1, 6, chdir home, exec or run; never returns."""
@@ -238,7 +235,7 @@ def _child(home, program, msg_r, env_r, err_w, parent_fds):
                 os.execv(program, [program])
             except (OSError, ValueError):
                 os._exit(120)
-        from qmailpy import qmailqueue
+        from qmailpy.queue import qmailqueue
         code = qmailqueue.run(home, msg_fd=0, env_fd=1)
     except BaseException:
         code = 81

@@ -12,7 +12,7 @@ the state machine relies on are fsync'd, so that exit 0 means the message
 survives a power cut (see _sync_dir).
 
 run() returns the exit code instead of exiting, so an injector can run it in a
-forked child (qmailpy.queueclient) without starting a new interpreter.
+forked child (qmailpy.queue.client) without starting a new interpreter.
 
 Privileges: qmail-queue is setuid qmailq in qmail. A Python program cannot be
 setuid, so when started as root run() switches to the home's qmailq account
@@ -30,10 +30,11 @@ except ImportError:               # pragma: no cover - other interpreters
     import signal
 
 from qmailpy.envelope import MAX_ADDRESS, date822
-from qmailpy.syncdir import fsync_dir as _sync_dir   # see there: exit 0 must survive a power cut
+from qmailpy.fileio import write_all
+from qmailpy.layout import SPLIT
+from qmailpy.fileio import fsync_dir as _sync_dir   # see there: exit 0 must survive a power cut
 
 DEATH = 86400                     # qmail-queue's self-timer (seconds)
-SPLIT = 23
 _CHUNK = 65536
 
 # Signals qmail-queue ignores; SIGALRM ends it with 52 (no cleanup).
@@ -72,11 +73,6 @@ def received_who(uid, role_uids):
 def received_line(pid, who, start):
     return b"Received: (qmail %d invoked %s); %s\n" % (pid, who, date822(start))
 
-
-def _write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _setup_signals():
@@ -225,7 +221,7 @@ class _Queue:
                 buf = buf + chunk if buf else chunk
             if buf and (len(buf) >= _CHUNK or not chunk):
                 try:
-                    _write_all(self.mess_fd, buf)
+                    write_all(self.mess_fd, buf)
                 except OSError:
                     self.die_write()
                 buf = b""
@@ -351,7 +347,7 @@ class _Queue:
             out.clear()
             return
         try:
-            _write_all(self.intd_fd, out)
+            write_all(self.intd_fd, out)
         except OSError:
             self.die_write()
         out.clear()

@@ -1,0 +1,1 @@
+"""qmail-queue, the queue server and the client that reaches either."""
