@@ -1,13 +1,13 @@
 """Byte formats of qmail's queue files and the texts built from addresses.
 
-One definition each (spec §0, §3): the qmail-queue envelope read on fd 1, the
+One definition each (docs/control-files.md "Conventions"; docs/queue-format.md "File formats"): the qmail-queue envelope read on fd 1, the
 intd/todo records, info, local/remote channel records, bounce notes, and the
 quote()/quote2()/date822()/safe() renderings used in headers and logs.
 All values are bytes; addresses are raw bytes without brackets.
 """
 import time
 
-MAX_ADDRESS = 1002          # qmail-queue's per-address limit (spec §3.1)
+MAX_ADDRESS = 1002          # qmail-queue's per-address limit (docs/queue-format.md "Envelope read by qmail-queue on fd 1")
 
 _MONTHS = (b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun",
            b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec")
@@ -77,7 +77,7 @@ def todo_bytes(uid, pid, sender, recipients):
 
 
 class Todo:
-    """The records of a todo file. Missing u/p read as 0 (spec §3.2)."""
+    """The records of a todo file. Missing u/p read as 0 (docs/queue-format.md "intd/ and todo/")."""
 
     def __init__(self, uid=0, pid=0, sender=b"", recipients=(), unknown=()):
         self.uid = uid
@@ -170,7 +170,7 @@ def parse_channel(data):
 # --- bounce/ --------------------------------------------------------------
 
 def bounce_note(address, text):
-    """One bounce/n entry for a permanently failed recipient (spec §3.5)."""
+    """One bounce/n entry for a permanently failed recipient (docs/queue-format.md "bounce/n")."""
     block = b"<" + address.replace(b"\n", b"_") + b">:\n" + text
     out = bytearray()
     for i, ch in enumerate(block):
@@ -198,7 +198,7 @@ def _needs_quote(box):
 
 
 def quote(box):
-    """A local part as it goes into a header or SMTP command (spec §0)."""
+    """A local part as it goes into a header or SMTP command (docs/control-files.md "Conventions")."""
     if not _needs_quote(box):
         return box
     out = bytearray(b'"')

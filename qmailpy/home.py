@@ -1,4 +1,4 @@
-"""The qmail home (QMAILHOME) and its control/ files (spec §13).
+"""The qmail home (QMAILHOME) and its control/ files (docs/control-files.md "Control files").
 
 Single-value files: first line, trailing spaces/tabs stripped. List files: every
 line, trailing whitespace stripped, empty and '#' lines skipped. A missing file
@@ -70,7 +70,7 @@ def control_int(home, name, default):
 
 
 def control_me_default(home, name):
-    """A value defaulting to control/me, else the literal file name (spec §13)."""
+    """A value defaulting to control/me, else the literal file name (docs/control-files.md "Control files")."""
     value = control_value(home, name)
     if value is None:
         value = control_value(home, "me")

@@ -1,4 +1,4 @@
-"""Paths inside QMAILHOME/queue (spec §1): split directories and inode naming.
+"""Paths inside QMAILHOME/queue (docs/queue-format.md "Queue directory layout"): split directories and inode naming.
 
 Message number n is the inode of its mess file; split directories are n mod 23.
 Only names of digits are message numbers; everything else in a queue directory
@@ -235,7 +235,7 @@ def check_hierarchy(home, entries=None, owners=None, check_owners=True):
                 if name.isdigit() and int(name) >= SPLIT:
                     problems.append("%s/%s: unexpected split directory (split is %d)" % (
                         entry.path, name, SPLIT))
-    # qmail links across these directories: they must share a filesystem (spec §1).
+    # qmail links across these directories: they must share a filesystem (docs/queue-format.md "Queue directory layout").
     for a, b in [("queue/pid", "queue/mess/%d" % s) for s in range(SPLIT)] + [("queue/intd", "queue/todo")]:
         if a in devices and b in devices and devices[a] != devices[b]:
             problems.append("%s: not on the same filesystem as %s" % (b, a))

@@ -1,4 +1,4 @@
-"""qmail-send's log lines (spec §6.8): the one writer and the one parser.
+"""qmail-send's log lines (docs/qmail-send.md "Log (fd 0, unbuffered, one line per event)"): the one writer and the one parser.
 
 Writers return the complete line as bytes, LF-terminated, exactly as qmail
 words it. parse() turns one line (with or without a timestamp prefix added by a

@@ -1,4 +1,4 @@
-"""Which account each qmail role uses in a home, and switching to it (DESIGN.md §5).
+"""Which account each qmail role uses in a home, and switching to it (docs/architecture.md "Processes and accounts").
 
 qmail compiles its users' ids into the binaries; qmailpy keeps them as data in
 the home, in ``control/roles``, so that every program knows which account a
@@ -41,7 +41,7 @@ USER_ROLES = ("alias", "qmaild", "qmaill", "qmailp", "qmailq", "qmailr", "qmails
 GROUP_ROLES = ("qmail", "nofiles")
 ROLES_FILE = "control/roles"
 
-# The group each user role runs with (spec §7.1: qmail-start gives qmaill the
+# The group each user role runs with (docs/protocols.md "qmail-start": qmail-start gives qmaill the
 # group nofiles and every daemon the group qmail; qmail-getpw runs as qmailp/nofiles).
 ROLE_GROUP = {"qmaill": "nofiles", "qmailp": "nofiles"}
 # Roles whose own supplementary groups are added (qmail-rspawn: "qmail + qmailr's groups").

@@ -14,8 +14,8 @@ is wrong with one line so the rest can still be used.
 
 Writers: walk(home) for a live home (directory backend by walking queue/,
 log backend through its QueueBackend.list_messages()), and
-from_notqmail_text() for the text dumps of a real notqmail queue kept as test
-fixtures (shared/data/qmail-queue-snapshot.txt).
+from_notqmail_text() for the text dump of a real notqmail queue (the tests
+read one produced by C qmail).
 """
 import json
 import os
@@ -315,7 +315,7 @@ _FILE = re.compile(r"  (\w+)/(?:(\d+)/)?(\d+)  size (\d+)  mtime (\d+)  mode 0o(
 def from_notqmail_text(lines, host, queuelifetime=DEFAULT_QUEUELIFETIME):
     """Snapshot records from the text dump of a real notqmail queue.
 
-    The dump (see shared/data/README.md) lists per message each file with size,
+    The dump lists per message each file with size,
     mtime, mode and links, and the NUL-terminated records of info/local/remote/
     todo/intd one per line ('  done' marks are D records). atime and inode are
     not in the dump: inode is taken to be the number, atime is unknown.

@@ -1,4 +1,4 @@
-"""The qmail-send <-> qmail-lspawn/qmail-rspawn pipe protocol, both ends (spec §7.2).
+"""The qmail-send <-> qmail-lspawn/qmail-rspawn pipe protocol, both ends (docs/protocols.md "qmail-send ↔ spawners").
 
 Command (send -> spawner): {slot byte}{S/n}\\0{sender}\\0{recipient}\\0
 Reply   (spawner -> send): {slot byte}{K|Z|D}{text}\\0
@@ -28,7 +28,7 @@ def encode_command(slot, messpath, sender, recipient):
 
 
 def verp(sender, recipient):
-    """VERP expansion (spec §7.2): 'P@H-@[]' + 'u@d' -> 'Pu=d@H'; otherwise sender unchanged."""
+    """VERP expansion (docs/protocols.md "qmail-send ↔ spawners"): 'P@H-@[]' + 'u@d' -> 'Pu=d@H'; otherwise sender unchanged."""
     if not sender.endswith(b"-@[]"):
         return sender
     base = sender[:-4]

@@ -1,4 +1,4 @@
-"""THE table of queue states S1–S5 (spec §2, DESIGN.md §3).
+"""THE table of queue states S1–S5 (docs/queue-format.md "State machine", docs/architecture.md "The state table").
 
 Everything that needs to know what state a message is in, or whether a move
 between states is legal, asks this module: the directory backend classifies an
@@ -49,11 +49,11 @@ SELF_MOVES = {
 }
 
 # States a message may be left in after a crash or failure; S2/S3 only until the
-# 36-hour cleanups (spec §2.4) remove them.
+# 36-hour cleanups (docs/queue-format.md "Cleanup (36 h = 129600 s)") remove them.
 LEFTOVER_STATES = (S2, S3)
 LEFTOVER_AGE = 129600
 
-# Log-backend records (DESIGN.md §4) and the move each one records.
+# Log-backend records (docs/architecture.md "Queue backends") and the move each one records.
 RECORD_TRANSITIONS = {
     "ENVELOPE": (S2, S4),
     "PREPROCESSED": (S4, S5),
@@ -64,7 +64,7 @@ RECORD_TRANSITIONS = {
     "FINISH": (S5, S2),
 }
 
-# qmail-send log events (spec §6.8) and the state each one shows or moves to.
+# qmail-send log events (docs/qmail-send.md "Log (fd 0, unbuffered, one line per event)") and the state each one shows or moves to.
 LOG_EVENT_TRANSITIONS = {
     "new msg": (S4, S4),          # preprocessing begins: the message was queued
     "info msg": (S4, S4),         # info written, still before todo is cleaned

@@ -1,4 +1,4 @@
-"""The lock/trigger named pipe (spec §5).
+"""The lock/trigger named pipe (docs/protocols.md "Trigger (`lock/trigger`)").
 
 Pulling never blocks: with no reader the open fails with ENXIO and nothing
 happens. qmail-send holds the read end open non-blocking and reopens it before

@@ -3,7 +3,7 @@
 audit(spark, specs, out_dir, options) runs everything on the given SparkSession
 and returns an AuditResult; the exit status is decided by AuditResult.exit_code
 (0 clean, 1 violations, 2 bad input). The command line lives in
-qmailpy/cli/qmail_audit.py; spark-submit can run spark/submit.py.
+qmailpy/cli/qmail_audit.py, which spark-submit can also run as a file.
 """
 import json
 import os

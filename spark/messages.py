@@ -32,7 +32,7 @@ EVENT_NAMES = {"new": "new msg", "info": "info msg", "start": "starting delivery
                "end": "end msg"}
 BIRTH_MATCH = 2.0              # seconds between a `new msg` line and info/ mtime
 
-# qmail-send's retry schedule (spec §6.4): channel -> skip. A pass is due at
+# qmail-send's retry schedule (docs/qmail-send.md "Scheduling and retries"): channel -> skip. A pass is due at
 # birth + (skip * k)^2 on time, or birth + (isqrt(age at the last pass) + skip)^2
 # after an off-schedule pass (ALRM); the first pass after birth + queuelifetime
 # is dying: its deferrals are turned into failures and bounced.
@@ -350,7 +350,7 @@ def _count_result(host, n, o, dl, when, ctx, out):
 
 
 def _check_lifetime(host, n, o, dl, when, ctx, out):
-    """queuelifetime as qmail-send applies it (spec §6.4, §6.5).
+    """queuelifetime as qmail-send applies it (docs/qmail-send.md "Scheduling and retries"; docs/qmail-send.md "Results").
 
     The first pass after birth + queuelifetime is dying: it makes one last attempt
     and turns a deferral into a failure, which is bounced. So a message may well be
@@ -400,7 +400,7 @@ def _observe_snapshot(host, n, occs, item, ctx, out, transition):
     if occ is not None:
         occ.seen_in.add(taken)
         if occ.ended and state == states.S5 and not pending:
-            # end msg is logged before info/ goes (spec §2.3): a qmail-send that died in
+            # end msg is logged before info/ goes (docs/queue-format.md "Delivery and completion (S5→S1)"): a qmail-send that died in
             # between leaves the finished message for its next start to remove.
             transition(occ, None, taken, "snapshot", occ.state, occ.state, True)
             out.append(finding(host, n, occ.birth, "ended-not-removed", taken,

@@ -1,7 +1,7 @@
 """Helpers for the log-backend tests: a bare queue tree and a driver that plays qmail-send.
 
-The driver calls the QueueBackend methods in qmail-send's order (spec §2.2, §2.3,
-§6.4): preprocess new work, open a pass per due channel (info + recipients),
+The driver calls the QueueBackend methods in qmail-send's order (docs/queue-format.md "Preprocessing (qmail-send + qmail-clean, S4→S5)"; docs/queue-format.md "Delivery and completion (S5→S1)",
+docs/qmail-send.md "Scheduling and retries"): preprocess new work, open a pass per due channel (info + recipients),
 "deliver" each pending recipient by appending a line to a deliveries file, mark it
 done (or add a bounce note first for a failure), then finish or reschedule the
 channel, and complete messages with no channel left.

@@ -1,4 +1,4 @@
-"""qmail-clean over its pipes (spec §7.3, §2.4): replies, unlinks, the pid/ cleanup."""
+"""qmail-clean over its pipes (docs/protocols.md "qmail-send ↔ qmail-clean"; docs/queue-format.md "Cleanup (36 h = 129600 s)"): replies, unlinks, the pid/ cleanup."""
 import os
 import subprocess
 import time

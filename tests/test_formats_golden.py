@@ -1,6 +1,6 @@
 """Queue file bytes written out by hand from the spec text, compared with what qmailpy writes.
 
-Every expected value below is typed from spec/QMAIL-BEHAVIOUR.md §1-§3 or from
+Every expected value below is typed from docs/queue-format.md "Queue directory layout"; docs/queue-format.md "File formats" or from
 real notqmail files (shared/data/qmail-queue-snapshot.txt), never produced by
 our own writers.
 """
@@ -155,7 +155,7 @@ def test_qmail_queue_names_mess_by_inode(qmail_home):
 
 def test_preprocessing_writes_info_local_remote_as_the_spec_gives_them(qmail_home):
     """The files qmail-send's preprocessing (DirQueue) writes, against bytes typed from
-    spec §3: info `F<sender>\\0`, local/remote one `T<addr>\\0` per recipient."""
+    docs/queue-format.md "File formats": info `F<sender>\\0`, local/remote one `T<addr>\\0` per recipient."""
     from qmailpy.backends.dirqueue import DirQueue
 
     class Unlinker:                                   # qmail-clean's answer to a todo/ request

@@ -1,4 +1,4 @@
-"""qmail-inject: header completion, rewriting, recipients, environment, exit codes (spec §11.1)."""
+"""qmail-inject: header completion, rewriting, recipients, environment, exit codes (docs/submission.md "qmail-inject")."""
 import re
 
 import pytest

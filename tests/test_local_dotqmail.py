@@ -1,4 +1,4 @@
-"""qmail-local's .qmail handling, driven through qmail-lspawn (dot-qmail(5); spec §8.2)."""
+"""qmail-local's .qmail handling, driven through qmail-lspawn (dot-qmail(5); docs/delivery.md "qmail-local")."""
 import os
 
 import pytest

@@ -1,4 +1,4 @@
-"""mbox delivery: locking against concurrent writers, >From quoting, truncate-back (spec §8.2)."""
+"""mbox delivery: locking against concurrent writers, >From quoting, truncate-back (docs/delivery.md "qmail-local")."""
 import fcntl
 import os
 import resource

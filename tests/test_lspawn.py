@@ -1,4 +1,4 @@
-"""qmail-lspawn through its real pipe protocol: lookups, privileges, K/Z/D replies (spec §8.1)."""
+"""qmail-lspawn through its real pipe protocol: lookups, privileges, K/Z/D replies (docs/delivery.md "qmail-lspawn (root)")."""
 import os
 
 import psutil

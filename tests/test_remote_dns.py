@@ -1,4 +1,4 @@
-"""MX and address lookups (spec §9.2) against a real DNS server on 127.0.0.1.
+"""MX and address lookups (docs/delivery.md "qmail-remote") against a real DNS server on 127.0.0.1.
 
 The server answers from records built from text with dnspython; qmail-remote's
 lookup code talks to it over UDP through a dnspython resolver pointed at it.

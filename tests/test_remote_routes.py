@@ -1,4 +1,4 @@
-"""control/smtproutes matching (spec §9.2) and its effect on a real qmail-remote run."""
+"""control/smtproutes matching (docs/delivery.md "qmail-remote") and its effect on a real qmail-remote run."""
 from qmailpy.remote.routes import find_relay, route_table, split_relay
 from remote_harness import Smtpd, qmail_remote
 

@@ -1,4 +1,4 @@
-"""qmail-remote as a program against SMTP peers on 127.0.0.1 (spec §9.2, §9.3).
+"""qmail-remote as a program against SMTP peers on 127.0.0.1 (docs/delivery.md "qmail-remote"; docs/delivery.md "SMTP dialogue").
 
 Routing is by control/smtproutes `domain:[127.0.0.1]:PORT`; the peers are a
 real aiosmtpd server and scripted raw servers for exact bytes and misbehaviour.
@@ -49,7 +49,7 @@ def test_exact_wire_bytes(qmail_home):
     b"\n\n\r\r\n\n", b".\r\n.\n.\r",
 ])
 def test_bare_cr_and_lf_never_leave(qmail_home, body):
-    """SMTP smuggling (spec §10): only CRLF goes out, and no body line is a lone '.'."""
+    """SMTP smuggling (docs/submission.md "qmail-smtpd"): only CRLF goes out, and no body line is a lone '.'."""
     script = [("send", b"220 p\r\n"), ("line",), ("send", b"250 p\r\n"), ("line",), ("send", b"250 ok\r\n"),
               ("line",), ("send", b"250 ok\r\n"), ("line",), ("send", b"354 go\r\n"), ("data",),
               ("send", b"250 ok\r\n")]
@@ -290,7 +290,7 @@ def _encode(message, chunk):
        st.integers(min_value=1, max_value=7))
 def test_body_encoding_property(parts, chunk):
     """Any message ending in a line end: only CRLF on the wire, every line dot-stuffed,
-    and undoing SMTP's dot-stuffing gives the message's lines back (spec §9.3, §10)."""
+    and undoing SMTP's dot-stuffing gives the message's lines back (docs/delivery.md "SMTP dialogue"; docs/submission.md "qmail-smtpd")."""
     message = b"".join(parts) + b"\n"
     wire = _encode(message, chunk)
     assert no_bare_line_ends(wire)

@@ -1,4 +1,4 @@
-"""lock/tcpto (spec §9.4, §9.5): the table logic, and suppression after connect timeouts."""
+"""lock/tcpto (docs/delivery.md "tcpto logic"; docs/delivery.md "`lock/tcpto` format"): the table logic, and suppression after connect timeouts."""
 import os
 import socket
 import struct

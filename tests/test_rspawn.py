@@ -1,4 +1,4 @@
-"""qmail-rspawn (spec §9.1, §7.2): real spawner processes, real SMTP peers, real pipes."""
+"""qmail-rspawn (docs/delivery.md "qmail-rspawn"; docs/protocols.md "qmail-send ↔ spawners"): real spawner processes, real SMTP peers, real pipes."""
 import os
 import select
 import subprocess

@@ -41,7 +41,7 @@ def test_our_lines_have_qmails_wording(qmail_home):
     ours = d.lines()
     sample = sample_lines()
     sample_shapes = {shape(l) for l in sample}
-    # qmail adds " exitasap" to status lines written after SIGTERM (spec §6.8); the sample run
+    # qmail adds " exitasap" to status lines written after SIGTERM (docs/qmail-send.md "Log (fd 0, unbuffered, one line per event)"); the sample run
     # had no delivery in flight when it was stopped, so it has none of those
     sample_shapes.add("status: local N/N remote N/N exitasap")
     for line in ours:

@@ -1,5 +1,5 @@
-"""qmail-send's rules that need no daemon: rewriting (§6.3), the retry schedule (§6.4,
-checked against the real qmail queue snapshot) and the bounce bytes (§6.6)."""
+"""qmail-send's rules that need no daemon: rewriting (docs/qmail-send.md "Recipient rewriting"), the retry schedule (docs/qmail-send.md "Scheduling and retries",
+checked against the real qmail queue snapshot) and the bounce bytes (docs/qmail-send.md "Bounces")."""
 import re
 
 import pytest

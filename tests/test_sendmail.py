@@ -1,4 +1,4 @@
-"""sendmail called exactly as the programs that use /usr/sbin/sendmail call it (spec §11.2)."""
+"""sendmail called exactly as the programs that use /usr/sbin/sendmail call it (docs/submission.md "sendmail")."""
 import re
 
 import pytest

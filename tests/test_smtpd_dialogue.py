@@ -1,4 +1,4 @@
-"""qmail-smtpd's dialogue: replies byte for byte (spec §10) and what lands in the queue."""
+"""qmail-smtpd's dialogue: replies byte for byte (docs/submission.md "qmail-smtpd") and what lands in the queue."""
 import re
 import time
 

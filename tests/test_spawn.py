@@ -1,4 +1,4 @@
-"""The spawn protocol (spec §7.2) through a real spawner process and real pipes."""
+"""The spawn protocol (docs/protocols.md "qmail-send ↔ spawners") through a real spawner process and real pipes."""
 import os
 import subprocess
 import sys

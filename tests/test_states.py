@@ -7,7 +7,7 @@ import pytest
 from qmailpy import states
 from qmailpy.states import S1, S2, S3, S4, S5
 
-# How each legal move changes the files of one message (spec §2).
+# How each legal move changes the files of one message (docs/queue-format.md "State machine").
 MOVES = {
     (S1, S2): lambda f: f | {"mess"},
     (S2, S3): lambda f: f | {"intd"},

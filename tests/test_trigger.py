@@ -1,4 +1,4 @@
-"""lock/trigger: pulling never blocks; a listening reader becomes readable (spec §5)."""
+"""lock/trigger: pulling never blocks; a listening reader becomes readable (docs/protocols.md "Trigger (`lock/trigger`)")."""
 import os
 import select
 import subprocess

@@ -1,4 +1,4 @@
-"""The one queue interface both backends implement (DESIGN.md §4).
+"""The one queue interface both backends implement (docs/architecture.md "Queue backends").
 
 qmail-send, qmail-qread, qmail-qstat and qmailctl talk to the queue only through
 this interface; qmail-queue's enqueue path lives in each backend's own module
@@ -68,7 +68,7 @@ class QueueBackend(ABC):
     # -- qmail-send: startup and new work ---------------------------------
     @abstractmethod
     def startup(self):
-        """Scheduled entries for everything preprocessed but unfinished (spec §6.1 step 4)."""
+        """Scheduled entries for everything preprocessed but unfinished (docs/qmail-send.md "Startup" step 4)."""
 
     @abstractmethod
     def new_work(self):
@@ -78,14 +78,14 @@ class QueueBackend(ABC):
     def preprocess(self, n, route):
         """Split message n's recipients into channels; route(addr) -> (channel, addr).
 
-        Returns Preprocessed. Afterwards the message is in S5 (spec §2.2)."""
+        Returns Preprocessed. Afterwards the message is in S5 (docs/queue-format.md "Preprocessing (qmail-send + qmail-clean, S4→S5)")."""
 
     def preprocess_batch(self, numbers, route, announce=None):
         """preprocess() for several messages: [(n, Preprocessed or QueueError)].
 
         announce(line), when given, receives qmail-send's `new msg` and `info msg`
         log lines. qmail writes them while it preprocesses, before todo/ is
-        cleaned (spec §2.2); a backend that can do the same overrides this. This
+        cleaned (docs/queue-format.md "Preprocessing (qmail-send + qmail-clean, S4→S5)"); a backend that can do the same overrides this. This
         default announces a message once preprocess() has succeeded."""
         from qmailpy import logline
         results = []

@@ -1,4 +1,4 @@
-"""Read-only view of a directory queue, as qmail-qread and qmail-qstat see it (spec §12).
+"""Read-only view of a directory queue, as qmail-qread and qmail-qstat see it (docs/queue-format.md "qmail-qread and qmail-qstat").
 
 list_messages() walks info/0..22 (inside each, in ascending message number:
 qmail lists in readdir order, which depends on the filesystem; a fixed order

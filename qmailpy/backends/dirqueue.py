@@ -1,4 +1,4 @@
-"""The directory queue backend: qmail's own layout, byte for byte (spec §1–§3).
+"""The directory queue backend: qmail's own layout, byte for byte (docs/queue-format.md "Queue directory layout"; docs/queue-format.md "File formats").
 
 Every file name, record and order of operations here is qmail's, so a queue
 written by this backend can be run by C qmail and the other way round. The
@@ -26,7 +26,7 @@ def parse_channel_records(data):
 
     A torn last record (no NUL) is the end of the file. A record with an
     unknown letter ends the list with a ChannelRecord whose address is None:
-    the pass stops there and logs "unknown record type" (spec §6.8)."""
+    the pass stops there and logs "unknown record type" (docs/qmail-send.md "Log (fd 0, unbuffered, one line per event)")."""
     records = []
     pos = 0
     while True:
@@ -156,7 +156,7 @@ class DirQueue(QueueBackend):
         Every file is written first and fsync'd afterwards, so one journal commit
         covers them all; then the todo/ requests go to qmail-clean in one write.
         Each message still has its info and channel files on disk before its todo
-        entry goes (spec §2.2). announce gets `new msg` and `info msg` where qmail
+        entry goes (docs/queue-format.md "Preprocessing (qmail-send + qmail-clean, S4→S5)"). announce gets `new msg` and `info msg` where qmail
         logs them (see _prepare). CleanerLost propagates."""
         results = []
         ready = []

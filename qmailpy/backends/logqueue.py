@@ -1,4 +1,4 @@
-"""The log-structured queue backend (DESIGN.md §4, after Tony Finch's log-structured MTA queue).
+"""The log-structured queue backend (docs/architecture.md "Queue backends", after Tony Finch's log-structured MTA queue).
 
 Message bodies stay in mess/ exactly as in the directory backend. Everything else
 is records appended to segments under queue/log/ (format: logrecords.py, man
@@ -557,7 +557,7 @@ class LogQueue(QueueBackend):
             try:
                 self._clean(n)
             except CleanerLost:
-                # qmail-send must exit (spec §6.7); no checkpoint is written, so a
+                # qmail-send must exit (docs/qmail-send.md "Signals"); no checkpoint is written, so a
                 # restart replays these FINISH records and cleans their bodies then.
                 self.to_clean = cleaning[i:] + self.to_clean
                 raise
@@ -760,7 +760,7 @@ class LogQueue(QueueBackend):
             self._offer(rec, ready or [None], now, found)
 
     def run_all_now(self):
-        """SIGALRM (spec §6.7): offer every queued channel now, whatever its schedule.
+        """SIGALRM (docs/qmail-send.md "Signals"): offer every queued channel now, whatever its schedule.
 
         A sweep from the oldest segment to the present tail, offering at most
         FLUSH_IN_FLIGHT messages at a time so memory stays bounded."""

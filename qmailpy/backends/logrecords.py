@@ -1,4 +1,4 @@
-"""Byte format of the log backend's segment files (DESIGN.md §4, man qmail-log-queue(5)).
+"""Byte format of the log backend's segment files (docs/architecture.md "Queue backends", man qmail-log-queue(5)).
 
 A segment starts with a 24-byte header:
 

@@ -106,5 +106,5 @@ def tell(result, out, stdout=None, stderr=None):
         result.violations, os.path.join(os.path.abspath(out), "report.html")), file=stdout)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":      # run as a file: by spark-submit, which chose the master
+    sys.exit(main(use_existing_master=True))

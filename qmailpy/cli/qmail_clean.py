@@ -1,4 +1,4 @@
-"""qmail-clean: unlink queue files on qmail-send's behalf (spec §7.3)."""
+"""qmail-clean: unlink queue files on qmail-send's behalf (docs/protocols.md "qmail-send ↔ qmail-clean")."""
 import os
 import signal
 import sys

@@ -1,4 +1,4 @@
-"""qmail-qread: list the preprocessed messages of the queue (spec §12).
+"""qmail-qread: list the preprocessed messages of the queue (docs/queue-format.md "qmail-qread and qmail-qstat").
 
 Exit 0; 111 with `fatal: ...` on stdout when the queue cannot be read.
 QMAILHOME selects the home; --home overrides it.

@@ -1,4 +1,4 @@
-"""qmail-queue: queue the message on fd 0 with the envelope on fd 1 (spec §4).
+"""qmail-queue: queue the message on fd 0 with the envelope on fd 1 (docs/protocols.md "qmail-queue interface").
 
 No arguments (any are ignored, as in qmail); prints nothing; the exit code is
 the whole answer. QMAILHOME selects the home.

@@ -1,4 +1,4 @@
-"""qmail-remote host sender recip...: send the message on fd 0 by SMTP (spec §9.2).
+"""qmail-remote host sender recip...: send the message on fd 0 by SMTP (docs/delivery.md "qmail-remote").
 
 Reports on stdout as records (letter, text, NUL) and always exits 0.
 """

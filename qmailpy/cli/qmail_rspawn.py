@@ -1,6 +1,6 @@
-"""qmail-rspawn: remote spawner between qmail-send and qmail-remote (spec §9.1).
+"""qmail-rspawn: remote spawner between qmail-send and qmail-remote (docs/delivery.md "qmail-rspawn").
 
-Commands on fd 0, replies on fd 1 (the spawn protocol, spec §7.2).
+Commands on fd 0, replies on fd 1 (the spawn protocol, docs/protocols.md "qmail-send ↔ spawners").
 """
 import sys
 

@@ -1,4 +1,4 @@
-"""qmail-send: schedule and hand out deliveries (spec §6). Started by qmail-start."""
+"""qmail-send: schedule and hand out deliveries (docs/qmail-send.md "qmail-send"). Started by qmail-start."""
 import sys
 
 

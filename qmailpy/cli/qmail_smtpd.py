@@ -1,4 +1,4 @@
-"""qmail-smtpd: one SMTP session on fds 0/1 with the tcpserver environment (spec §10)."""
+"""qmail-smtpd: one SMTP session on fds 0/1 with the tcpserver environment (docs/submission.md "qmail-smtpd")."""
 import os
 import sys
 

@@ -1,4 +1,4 @@
-"""qmail-start [defaultdelivery [logger args...]]: start qmail-send and its helpers (spec §7.1)."""
+"""qmail-start [defaultdelivery [logger args...]]: start qmail-send and its helpers (docs/protocols.md "qmail-start")."""
 import sys
 
 

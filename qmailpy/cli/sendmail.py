@@ -1,4 +1,4 @@
-"""sendmail (and mailq): qmail's sendmail wrapper, run in-process (spec §11.2).
+"""sendmail (and mailq): qmail's sendmail wrapper, run in-process (docs/submission.md "sendmail").
 
 Exit statuses are sendmail's sysexits; see qmailpy.inject.sendmail.
 """

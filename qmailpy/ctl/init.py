@@ -1,4 +1,4 @@
-"""qmailctl init: create a qmail home from queue-layout/layout.conf (spec §1, §13).
+"""qmailctl init: create a qmail home from queue-layout/layout.conf (docs/queue-format.md "Queue directory layout"; docs/control-files.md "Control files").
 
 Creates whatever is missing and sets modes; owners are set only when run as
 root. The role -> account table goes to control/roles (qmailpy.privs):

@@ -1,4 +1,4 @@
-"""What qmail-qread and qmail-qstat print (spec §12), from backend MessageViews and counts."""
+"""What qmail-qread and qmail-qstat print (docs/queue-format.md "qmail-qread and qmail-qstat"), from backend MessageViews and counts."""
 from qmailpy.envelope import date822
 
 

@@ -1,1 +1,1 @@
-"""qmail-inject (spec §11.1) and the sendmail wrapper's option handling (§11.2)."""
+"""qmail-inject (docs/submission.md "qmail-inject") and the sendmail wrapper's option handling (docs/submission.md "sendmail")."""

@@ -1,4 +1,4 @@
-"""RFC 822 address lists as qmail-inject reads and rewrites them (spec §11.1).
+"""RFC 822 address lists as qmail-inject reads and rewrites them (docs/submission.md "qmail-inject").
 
 parse() turns a field body into mailboxes and groups; every address can be
 rewritten; render() emits the list again with ", " separators, folded as

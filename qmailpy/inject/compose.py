@@ -1,4 +1,4 @@
-"""Header completion and the envelope of an injected message (spec §11.1)."""
+"""Header completion and the envelope of an injected message (docs/submission.md "qmail-inject")."""
 import time
 
 from qmailpy.envelope import date822, quote2

@@ -1,4 +1,4 @@
-"""Reading a message's header as qmail-inject does (spec §11.1).
+"""Reading a message's header as qmail-inject does (docs/submission.md "qmail-inject").
 
 The header is the lines up to the first empty line, or up to the first line
 that is neither "name:" nor a continuation (space/tab); in that case a blank

@@ -1,4 +1,4 @@
-"""qmail-inject's address rewriting (spec §11.1)."""
+"""qmail-inject's address rewriting (docs/submission.md "qmail-inject")."""
 
 
 class Rewriter:

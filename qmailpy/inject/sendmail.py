@@ -1,4 +1,4 @@
-"""The sendmail wrapper's option handling (spec §11.2), turned into qmail-inject options.
+"""The sendmail wrapper's option handling (docs/submission.md "sendmail"), turned into qmail-inject options.
 
 Exit statuses follow sendmail's <sysexits.h>, which the programs that call
 /usr/sbin/sendmail (cron, mailx, mutt, git send-email, PHP) understand:

@@ -1,4 +1,4 @@
-"""qmail-inject's environment variables and control files (spec §11.1, §13)."""
+"""qmail-inject's environment variables and control files (docs/submission.md "qmail-inject"; docs/control-files.md "Control files")."""
 import os
 
 from qmailpy.home import control_me_default

@@ -1,4 +1,4 @@
-"""One qmail-local run (qmail-local(8); spec §8.2).
+"""One qmail-local run (qmail-local(8); docs/delivery.md "qmail-local").
 
 deliver() is the whole program after argument parsing: home directory
 checks, the Delivered-To loop check, the environment, choosing the .qmail

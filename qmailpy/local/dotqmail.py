@@ -1,4 +1,4 @@
-"""Choosing and reading a .qmail file (dot-qmail(5); spec §8.2).
+"""Choosing and reading a .qmail file (dot-qmail(5); docs/delivery.md "qmail-local").
 
 Everything here runs in the recipient's home directory (qmail-local has
 chdir'd there), so every name is relative: ``.qmail``, ``.qmail-ext``,

@@ -1,4 +1,4 @@
-"""Forwarding: the message goes back into the queue (spec §8.2).
+"""Forwarding: the message goes back into the queue (docs/delivery.md "qmail-local").
 
 One new message through qmail-queue (qmailpy.queue.client): DTLINE then the
 message as stored (no Return-Path), envelope sender NEWSENDER, recipients as

@@ -1,4 +1,4 @@
-"""qmail-lspawn: local deliveries for qmail-send (qmail-lspawn(8); spec §8.1).
+"""qmail-lspawn: local deliveries for qmail-send (qmail-lspawn(8); docs/delivery.md "qmail-lspawn (root)").
 
 Commands arrive on fd 0 and replies leave on fd 1 in the spawn protocol
 (qmailpy.spawn). Each delivery runs in a child forked from this process
@@ -46,7 +46,7 @@ TEMPORARY_CODES = (111, 71, 74, 75)
 
 
 def report(wstat, output):
-    """A finished child's reply: letter and text (spec §8.1)."""
+    """A finished child's reply: letter and text (docs/delivery.md "qmail-lspawn (root)")."""
     if os.WIFSIGNALED(wstat):
         return b"Zqmail-local crashed.\n"
     code = os.WEXITSTATUS(wstat)

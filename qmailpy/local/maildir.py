@@ -1,4 +1,4 @@
-"""Delivery to a Maildir (spec §8.2): tmp/NAME, fsync, link to new/NAME.
+"""Delivery to a Maildir (docs/delivery.md "qmail-local"): tmp/NAME, fsync, link to new/NAME.
 
 C qmail forks a child per Maildir line; here the work happens in-process,
 relative to a directory descriptor (no chdir), with the same steps and the

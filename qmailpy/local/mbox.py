@@ -1,4 +1,4 @@
-"""Delivery to an mbox file (spec §8.2).
+"""Delivery to an mbox file (docs/delivery.md "qmail-local").
 
 Append under an exclusive flock (given up after LOCK_TIMEOUT seconds with a
 temporary failure; other lock errors mean "write unlocked", as in qmail),

@@ -1,4 +1,4 @@
-"""Delivery to a program: ``|command`` runs as /bin/sh -c command (spec §8.2).
+"""Delivery to a program: ``|command`` runs as /bin/sh -c command (docs/delivery.md "qmail-local").
 
 The program runs in the home directory with qmail-local's environment, the
 message on stdin (as stored: no Return-Path or Delivered-To added) and

@@ -1,4 +1,4 @@
-"""Who receives mail for a local part (spec §8.1 steps 2-3; qmail-users(5)).
+"""Who receives mail for a local part (docs/delivery.md "qmail-lspawn (root)" steps 2-3; qmail-users(5)).
 
 lookup(home, local) answers what qmail-lspawn learns from users/cdb or
 qmail-getpw: the account (name, uid, gid), its home directory, and the dash

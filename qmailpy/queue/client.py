@@ -1,4 +1,4 @@
-"""The injector side of qmail-queue (spec §4): what qmail's qmail.c does for
+"""The injector side of qmail-queue (docs/protocols.md "qmail-queue interface"): what qmail's qmail.c does for
 qmail-inject, qmail-smtpd, qmail-local forwards and qmail-send bounces.
 
     qq = QueueClient(home)          # forks the queueing child now
@@ -32,7 +32,7 @@ from qmailpy.fileio import write_all
 
 _BUFFER = 65536
 
-# Texts of qmail.c's qmail_close(), class letter first (spec §4).
+# Texts of qmail.c's qmail_close(), class letter first (docs/protocols.md "qmail-queue interface").
 _TEXTS = {
     11: b"Denvelope address too long for qq (#5.1.3)",
     115: b"Denvelope address too long for qq (#5.1.3)",

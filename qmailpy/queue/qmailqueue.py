@@ -1,6 +1,6 @@
 """qmail-queue: one message from fd 0 and its envelope from fd 1 into the queue (S1 -> S4).
 
-The sequence is qmail's (spec §2.1, §3, §4), byte for byte and step for step:
+The sequence is qmail's (docs/queue-format.md "qmail-queue (S1→S4)"; docs/queue-format.md "File formats"; docs/protocols.md "qmail-queue interface"), byte for byte and step for step:
 
   alarm 86400 s -> pid/{pid}.{start}.{seq} (O_EXCL, seq 1..9) -> link to mess/S/n
   -> unlink the pid name (S2) -> Received line + fd 0 -> fsync -> intd/n (O_EXCL, S3)
@@ -60,7 +60,7 @@ def _bug(signum, frame):
 
 
 def received_who(uid, role_uids):
-    """'by alias', 'from network', 'for bounce' or 'by uid N' (spec §3.6)."""
+    """'by alias', 'from network', 'for bounce' or 'by uid N' (docs/queue-format.md "mess/S/n")."""
     if uid == role_uids.get("alias"):
         return b"by alias"
     if uid == role_uids.get("qmaild"):
@@ -111,7 +111,7 @@ def prepare(home):
 
 
 def run(home, msg_fd=0, env_fd=1):
-    """Queue one message; the exit code of qmail-queue (spec §4)."""
+    """Queue one message; the exit code of qmail-queue (docs/protocols.md "qmail-queue interface")."""
     queue = _Queue(home, msg_fd, env_fd)
     try:
         return queue.run()

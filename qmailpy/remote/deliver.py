@@ -1,4 +1,4 @@
-"""One qmail-remote run: route, look up, connect, talk, report (spec §9.2).
+"""One qmail-remote run: route, look up, connect, talk, report (docs/delivery.md "qmail-remote").
 
 run(args, home) takes qmail-remote's arguments (host, sender, recipients, as
 bytes) with the message on fd 0, and writes its records to fd 1: each is a

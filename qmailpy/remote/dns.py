@@ -1,4 +1,4 @@
-"""Mail exchanger and address lookups for qmail-remote (spec §9.2), IPv4 only.
+"""Mail exchanger and address lookups for qmail-remote (docs/delivery.md "qmail-remote"), IPv4 only.
 
 Lookups go through a `lookup(name, rdtype)` callable returning the answer's
 records in DNS order (dnspython rdata) or raising DNSHard (the name or the data

@@ -1,4 +1,4 @@
-"""control/smtproutes: which relay, if any, carries mail for a host (spec §9.2).
+"""control/smtproutes: which relay, if any, carries mail for a host (docs/delivery.md "qmail-remote").
 
 Each line is `key:relay`, split at the first ':'; lines without a ':' are
 ignored. Keys match case-insensitively (ASCII), a later line with the same key

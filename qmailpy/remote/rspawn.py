@@ -1,4 +1,4 @@
-"""qmail-rspawn: qmail-send's remote spawner (spec §9.1, §7.2).
+"""qmail-rspawn: qmail-send's remote spawner (docs/delivery.md "qmail-rspawn"; docs/protocols.md "qmail-send ↔ spawners").
 
 Runs in queue/mess, clears lock/tcpto at start, and serves spawn commands
 with qmailpy.spawn.serve: one forked child per delivery and recipient. The

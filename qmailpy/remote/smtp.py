@@ -1,4 +1,4 @@
-"""qmail-remote's SMTP client dialogue (spec §9.3), byte for byte.
+"""qmail-remote's SMTP client dialogue (docs/delivery.md "SMTP dialogue"), byte for byte.
 
 HELO only; each command is written and its reply read before the next; the
 reply code comes from the first line and continuation lines (4th byte '-')

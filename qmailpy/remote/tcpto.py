@@ -1,4 +1,4 @@
-"""lock/tcpto: remember addresses whose connections time out (spec §9.4, §9.5).
+"""lock/tcpto: remember addresses whose connections time out (docs/delivery.md "tcpto logic"; docs/delivery.md "`lock/tcpto` format").
 
 Up to 64 records of 16 bytes: IPv4 address (network order), error count
 (0..10) in byte 4, time of the last error as a little-endian u32 in bytes

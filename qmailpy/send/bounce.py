@@ -1,4 +1,4 @@
-"""qmail-send's bounce messages (spec §6.6): who gets one, and its exact bytes.
+"""qmail-send's bounce messages (docs/qmail-send.md "Bounces"): who gets one, and its exact bytes.
 
 The texts "Hi. This is the" and the "--- Below this line" separators are the
 QSBMF markers bounce parsers look for; they are kept byte for byte.

@@ -1,4 +1,4 @@
-"""qmail-clean and its protocol, both ends (spec §7.3, §2.4).
+"""qmail-clean and its protocol, both ends (docs/protocols.md "qmail-send ↔ qmail-clean"; docs/queue-format.md "Cleanup (36 h = 129600 s)").
 
 qmail-send never unlinks todo/, intd/ or mess/ files itself: it asks
 qmail-clean, which runs as the owner of those files. Request `foop/{n}\\0`

@@ -1,4 +1,4 @@
-"""The control files qmail-send reads (spec §13): once at startup; SIGHUP rereads
+"""The control files qmail-send reads (docs/control-files.md "Control files"): once at startup; SIGHUP rereads
 locals and virtualdomains only."""
 from qmailpy.home import ControlError, control_int, control_list, control_me_default, control_value
 from qmailpy.send.rewrite import Rewriter

@@ -1,4 +1,4 @@
-"""qmail-send's main loop (spec §6): todo scans, passes, deliveries, completion.
+"""qmail-send's main loop (docs/qmail-send.md "qmail-send"): todo scans, passes, deliveries, completion.
 
 The loop follows qmail-send's own structure: every iteration computes the
 earliest time something is due, selects on the trigger, the spawners' reply
@@ -67,7 +67,7 @@ class QmailSend:
 
     # -- startup ----------------------------------------------------------------
     def start(self):
-        """Everything before the loop (spec §6.1); StartError on failure."""
+        """Everything before the loop (docs/qmail-send.md "Startup"); StartError on failure."""
         from qmailpy.home import ControlError
         from qmailpy.send.controls import SendControls
         try:

@@ -1,4 +1,4 @@
-"""qmail-send's recipient rewriting (spec §6.3): which channel, which address.
+"""qmail-send's recipient rewriting (docs/qmail-send.md "Recipient rewriting"): which channel, which address.
 
 Maps are matched ASCII case-insensitively and the last line with a given key
 wins, as qmail's constmap does.
@@ -66,7 +66,7 @@ class Rewriter:
         yield b""
 
     def strip_virtual_prepend(self, recip):
-        """The address for a bounce note: drop 'P-' added for a virtual domain (spec §3.5)."""
+        """The address for a bounce note: drop 'P-' added for a virtual domain (docs/queue-format.md "bounce/n")."""
         at = recip.rfind(b"@")
         if at < 0:
             return recip

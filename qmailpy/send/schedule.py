@@ -1,4 +1,4 @@
-"""qmail's retry schedule (spec §6.4): retry = birth + (floor(sqrt(now - birth)) + skip)^2."""
+"""qmail's retry schedule (docs/qmail-send.md "Scheduling and retries"): retry = birth + (floor(sqrt(now - birth)) + skip)^2."""
 from math import isqrt
 
 SKIP = {"local": 10, "remote": 20}

@@ -1,4 +1,4 @@
-"""qmail-start's wiring of the daemons (spec §7.1).
+"""qmail-start's wiring of the daemons (docs/protocols.md "qmail-start").
 
     logger (optional)  stdin  <- qmail-start's stdout; qmail-send's log goes there
     qmail-lspawn DD    fd 0 <- send fd 1, fd 1 -> send fd 2    (stays root)

@@ -1,4 +1,4 @@
-"""qmail-smtpd: SMTP reception (spec §10), run per connection on a pair of fds.
+"""qmail-smtpd: SMTP reception (docs/submission.md "qmail-smtpd"), run per connection on a pair of fds.
 
 session.py holds the dialogue; data.py the DATA state machine; address.py the
 MAIL/RCPT argument parsing and the rcpthosts/badmailfrom/localiphost checks;

@@ -1,4 +1,4 @@
-"""MAIL/RCPT arguments and the checks made on their addresses (spec §10).
+"""MAIL/RCPT arguments and the checks made on their addresses (docs/submission.md "qmail-smtpd").
 
 addrparse() is qmail-smtpd's: with a '<' the address runs to the first
 unquoted '>', otherwise from after the first ':' (spaces skipped) to the first

@@ -1,4 +1,4 @@
-"""The DATA state machine of qmail-smtpd (spec §10), chunk by chunk.
+"""The DATA state machine of qmail-smtpd (docs/submission.md "qmail-smtpd"), chunk by chunk.
 
 Input is the raw byte stream after "354"; output is what goes into the queue:
 every CRLF becomes LF, every other CR stays, a leading "." is removed unless

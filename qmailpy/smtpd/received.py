@@ -1,4 +1,4 @@
-"""The Received line qmail-smtpd writes before the message (spec §10)."""
+"""The Received line qmail-smtpd writes before the message (docs/submission.md "qmail-smtpd")."""
 from qmailpy.envelope import date822
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.@%+/=:-[]")

@@ -1,4 +1,4 @@
-"""One qmail-smtpd session on a pair of file descriptors (spec §10).
+"""One qmail-smtpd session on a pair of file descriptors (docs/submission.md "qmail-smtpd").
 
 Replies are buffered and flushed just before the next read, as qmail's
 substdio does, so a pipelining client gets one write per batch. Every read and
