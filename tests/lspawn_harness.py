@@ -96,10 +96,18 @@ class LocalUsers:
         proc.stdin = None               # closed: communicate() must not flush it
         return proc
 
+    def wait_greeting(self, proc):
+        """Read qmail-lspawn's greeting byte: from then on it runs its own program."""
+        greeting = os.read(proc.stdout.fileno(), 1)
+        assert greeting == bytes((spawn.SLOTS,)), greeting
+        proc.greeted = True
+
     def finish(self, proc):
         """{slot: (letter, text)} once qmail-lspawn has answered everything and exited 0."""
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
+        if getattr(proc, "greeted", False):
+            out = bytes((spawn.SLOTS,)) + out
         assert out[:1] == bytes((spawn.SLOTS,)), out
         replies = spawn.ReplyReader().feed(out[1:])
         return {slot: (letter, text) for slot, letter, text in replies}

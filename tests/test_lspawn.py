@@ -99,6 +99,7 @@ def test_no_program_is_executed_per_delivery(users):
     env = dict(users.qh.env, PATH="/nonexistent")
     proc = users.start([users.command(0, users.mess(MESSAGE), b"joe@example.org", b"ivan@test.example")],
                        env=env)
+    users.wait_greeting(proc)           # exec'd and running: its command line is final
     lspawn_cmdline = psutil.Process(proc.pid).cmdline()
     assert users.finish(proc) == {0: (b"K", b"did 1+0+1\n")}
     assert len(maildir_files(os.path.join(home, "Maildir"))) == 1
