@@ -9,6 +9,7 @@ import errno
 import os
 
 DEFAULT_HOME = "/var/qmail"
+BIN = "bin"     # HOME/bin: the programs, as launchers that `qmailctl init` writes (qmailctl(8))
 
 
 class ControlError(Exception):

@@ -35,7 +35,8 @@ class QmailHome:
         env = dict(os.environ)
         env.pop("QMAILQUEUE", None)
         env["QMAILHOME"] = path
-        env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+        # HOME/bin first: the launchers `qmailctl init` wrote, started without site
+        env["PATH"] = os.pathsep.join((os.path.join(path, "bin"), VENV_BIN, env.get("PATH", "/usr/bin:/bin")))
         self.env = env
 
     def control(self, name, text):

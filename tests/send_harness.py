@@ -139,7 +139,7 @@ class Daemons:
                 cmd = proc.cmdline()
             except psutil.NoSuchProcess:
                 continue
-            for part in cmd[:2]:
+            for part in cmd[:3]:          # [python, -IS, HOME/bin/qmail-send] from a launcher
                 name = os.path.basename(part)
                 if name.startswith("qmail-"):
                     found[name] = proc

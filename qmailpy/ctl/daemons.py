@@ -81,13 +81,17 @@ def _logdir(home):
 
 
 def _env(home):
-    """The daemons' environment: QMAILHOME, and a PATH on which qmail-start is found."""
+    """The daemons' environment: QMAILHOME, and a PATH on which qmail-start is found:
+    HOME/bin first when `qmailctl init` wrote the programs there (as qmail's rc does)."""
     import shutil
+    from qmailpy.home import BIN
     env = dict(os.environ)
     env["QMAILHOME"] = home
     path = env.get("PATH", "/usr/bin:/bin")
     if shutil.which("qmail-start", path=path) is None:
         path = os.path.dirname(sys.executable) + os.pathsep + path
+    if os.path.isdir(os.path.join(home, BIN)):
+        path = os.path.join(home, BIN) + os.pathsep + path
     env["PATH"] = path
     return env
 
@@ -245,7 +249,8 @@ def _describe(proc):
     import psutil
     try:
         with proc.oneshot():
-            name = os.path.basename(next((p for p in proc.cmdline()[1:2] if "qmail" in p),
+            # [python, script] for pip's scripts, [python, -IS, script] for HOME/bin's launchers
+            name = os.path.basename(next((p for p in proc.cmdline()[1:3] if "qmail" in p),
                                          proc.name()))
             return "%-20s pid %-7d user %-10s up %d s" % (
                 name, proc.pid, proc.username(), time.time() - proc.create_time())

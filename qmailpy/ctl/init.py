@@ -9,6 +9,10 @@ nobody else could own its files anyway. Control files are written only when
 missing (control/me also when --me is given), with qmail's installer
 conventions: me = FQDN, defaultdomain = FQDN minus its first label,
 plusdomain = its last two labels, locals and rcpthosts = the FQDN.
+
+Every run (re)writes HOME/bin/: one launcher per program, which starts the
+Python running qmailctl without site (qmailpy.ctl.launchers); the daemons
+exec their programs from there.
 """
 import os
 import re
@@ -61,6 +65,7 @@ def control_files(fqdn):
 
 def run(args):
     from qmailpy import layout, privs
+    from qmailpy.ctl import launchers
     from qmailpy.home import qmail_home
     home = os.path.abspath(qmail_home(args.home))
     try:
@@ -90,12 +95,13 @@ def run(args):
             if root:
                 os.chown(path, owners.uid("root"), owners.gid("qmail"))
             os.chmod(path, 0o644)
-    except (OSError, layout.LayoutError, privs.PrivError) as e:
+        programs = launchers.write(home, *((owners.uid("root"), owners.gid("qmail")) if root else ()))
+    except (OSError, layout.LayoutError, privs.PrivError, launchers.LauncherError) as e:
         print("qmailctl init: %s" % e, file=sys.stderr)
         return 1
     account = privs.single_user(roles)
-    print("qmailctl init: %s: %d paths created, control files written: %s; %s" % (
-        home, len(created), " ".join(written) or "none",
+    print("qmailctl init: %s: %d paths created, control files written: %s; %d programs in %s; %s" % (
+        home, len(created), " ".join(written) or "none", len(programs), os.path.join(home, "bin"),
         "single-user home of %s" % account if account else "qmail's own accounts"))
     return 0
 

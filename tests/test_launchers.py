@@ -1,0 +1,147 @@
+"""QMAILHOME/bin from a real, non-editable `pip install` (qmailctl(8) "init"):
+launchers that start Python without site, from which a message is queued and
+the daemons run."""
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from conftest import AS_ROOT, traversable_base
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from fresh_install import fresh_install, site_packages  # noqa: E402
+
+USER = "nobody" if AS_ROOT else pwd.getpwuid(os.geteuid()).pw_name
+PER_MESSAGE = ("qmail-queue", "qmail-local", "qmail-remote", "qmail-smtpd", "sendmail", "qmail-inject")
+DAEMONS = ("qmail-start", "qmail-send", "qmail-lspawn", "qmail-rspawn", "qmail-clean",
+           "qmail-smtpd-listen", "qmail-qmqpd")
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory):
+    base = traversable_base(tmp_path_factory.mktemp("fresh"), prefix="qmailpy-fresh-")
+    try:
+        yield fresh_install(base)
+    finally:
+        if AS_ROOT:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def home(venv, tmp_path):
+    base = traversable_base(tmp_path)
+    path = os.path.join(base, "home")
+    # PATH without the test venv: only the fresh install's programs can be found
+    env = {"PATH": os.path.join(venv, "bin") + ":/usr/bin:/bin", "QMAILHOME": path}
+    done = subprocess.run([os.path.join(venv, "bin", "qmailctl"), "init", "--home", path,
+                           "--me", "test.example", "--user", USER], env=env, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert re.search(rb"\d+ programs in %s/bin" % path.encode(), done.stdout), done.stdout
+    yield path, env
+    subprocess.run([os.path.join(path, "bin", "qmailctl"), "stop", "--timeout", "30"], env=env,
+                   capture_output=True, timeout=60)
+    if AS_ROOT:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def shebang(path):
+    with open(path) as f:
+        return f.readline()
+
+
+def test_every_program_is_a_launcher_of_the_installing_python(venv, home):
+    path, env = home
+    names = set(os.listdir(os.path.join(path, "bin")))
+    assert set(PER_MESSAGE + DAEMONS) <= names
+    assert "qmail-audit" not in names             # runs under spark-submit, set up its own way
+    for name in names:
+        program = os.path.join(path, "bin", name)
+        assert os.stat(program).st_mode & 0o777 == 0o755
+        assert shebang(program) == "#!%s -IS\n" % os.path.join(venv, "bin", "python")
+
+
+def test_a_launcher_starts_without_site_and_imports_the_installed_package(venv, home):
+    """Run as the kernel runs it (its #! line), with -v: the import trail shows no
+    site and qmailpy's code read from the fresh venv's site-packages."""
+    path, env = home
+    program = os.path.join(path, "bin", "qmail-queue")
+    interpreter, flags = shebang(program)[2:].split()
+    done = subprocess.run([interpreter, "-v", flags, program], input=b"", env=env,
+                          capture_output=True, timeout=60)
+    trail = done.stderr.decode(errors="replace")
+    imported = re.findall(r"^import '([\w.]+)'", trail, re.M)
+    assert "qmailpy.cli.qmail_queue" in imported, trail[-2000:]
+    assert "site" not in imported and "sitecustomize" not in imported
+    sources = re.findall(r"^# code object from '([^']*/qmail_queue\.[^']*)'$", trail, re.M)
+    assert sources and all(s.startswith(site_packages(venv) + "/") for s in sources), sources
+
+
+def test_a_message_queued_through_home_bin_qmail_queue_lands_in_the_queue(home):
+    path, env = home
+    message = b"Subject: launched\n\nfrom QMAILHOME/bin/qmail-queue\n"
+    env_r, env_w = os.pipe()
+    os.write(env_w, b"Fa@test.example\0Tb@test.example\0\0")
+    os.close(env_w)
+    done = subprocess.run([os.path.join(path, "bin", "qmail-queue")], input=message, stdout=env_r,
+                          env=env, stderr=subprocess.PIPE, timeout=60)
+    os.close(env_r)
+    assert done.returncode == 0, done.stderr
+    queued = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(path, "queue", "mess")) for f in files]
+    assert len(queued) == 1
+    with open(queued[0], "rb") as f:
+        assert f.read().endswith(message)
+    assert len(os.listdir(os.path.join(path, "queue", "todo"))) == 1
+
+
+def test_the_daemons_run_from_home_bin(home):
+    """qmailctl start: every daemon, and qmail-start's children, are HOME/bin's launchers."""
+    path, env = home
+    done = subprocess.run([os.path.join(path, "bin", "qmailctl"), "start"], env=env,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    pids = []
+    for name in ("qmail-send.pid", "qmail-qmqpd.pid"):
+        with open(os.path.join(path, "log", name)) as f:
+            pids.append(int(f.read()))
+    send = psutil.Process(pids[0])
+    procs = [send, psutil.Process(pids[1])] + send.children()
+    names = set()
+    for proc in procs:
+        command = proc.cmdline()
+        assert command[1] == "-IS" and os.path.dirname(command[2]) == os.path.join(path, "bin"), command
+        names.add(os.path.basename(command[2]))
+    assert names == {"qmail-send", "qmail-qmqpd", "qmail-lspawn", "qmail-rspawn", "qmail-clean"}
+
+
+def test_init_rewrites_launchers_and_removes_its_own_stale_ones(venv, home):
+    path, env = home
+    bindir = os.path.join(path, "bin")
+    with open(os.path.join(bindir, "qmail-queue"), "w") as f:
+        f.write("#!/bin/sh\nexit 111\n")
+    stale = os.path.join(bindir, "qmail-gone")
+    shutil.copy(os.path.join(bindir, "qmail-send"), stale)
+    mine = os.path.join(bindir, "my-filter")
+    with open(mine, "w") as f:
+        f.write("#!/bin/sh\ncat\n")
+    done = subprocess.run([os.path.join(venv, "bin", "qmailctl"), "init", "--home", path], env=env,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert shebang(os.path.join(bindir, "qmail-queue")).endswith(" -IS\n")
+    assert not os.path.exists(stale)
+    assert os.path.exists(mine)                   # not written by init: left alone
+
+
+def test_man_pages_are_installed_where_man_finds_them(venv):
+    if shutil.which("man") is None:
+        pytest.skip("man is not installed")
+    env = dict(os.environ, PATH=os.path.join(venv, "bin") + ":/usr/bin:/bin")
+    env.pop("MANPATH", None)
+    for section, page in (("8", "qmail-send"), ("8", "qmailctl"), ("5", "qmail-queue")):
+        done = subprocess.run(["man", "-w", section, page], env=env, capture_output=True, timeout=60)
+        assert done.stdout.decode().strip() == os.path.join(venv, "share", "man", "man" + section,
+                                                            "%s.%s" % (page, section)), done.stderr
