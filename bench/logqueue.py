@@ -305,8 +305,9 @@ import sys, time
 sys.path.insert(0, sys.argv[2])
 t = time.perf_counter()
 from qmailpy.backends.dirqueue import DirQueue
-entries = list(DirQueue(sys.argv[1]).startup())
-print(time.perf_counter() - t, len(entries))
+dq = DirQueue(sys.argv[1])
+due = dq.startup()
+print(time.perf_counter() - t, len(due) + len(dq.schedule))
 """
 
 

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from qmailpy.backends import logrecords as R
-from qmailpy.backends.logqueue import QUARANTINE, LogQueue
+from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.logsegments import QUARANTINE
 from qmailpy.backends.logenqueue import enqueue
 
 from logqueue_harness import deliver_all, deliveries, make_queue, route

@@ -2,10 +2,11 @@
 
 The stand-in of test_logqueue_crash.py drives LogQueue directly; here the real daemons
 (qmail-start, qmail-send, qmail-lspawn delivering to local Maildirs, qmail-clean) run
-the same kind of script. qmail-send is started with QMAILPY_LOG_KILL_AT=K (the test hook
-in logqueue.LogQueue._append) and SIGKILLs itself right after its K-th record append;
-its helpers are let finish, the daemons are started again without the hook, and once
-every message has ended the test checks: every recipient got each of its messages,
+the same kind of script. qmail-start finds, first in PATH, the test's own qmail-send
+(qmail_send_kill_at.py: the real one, with the log append wrapped) that SIGKILLs
+itself right after its K-th record append; its helpers are let finish, the daemons
+are started again with the real qmail-send, and once every message has ended the
+test checks: every recipient got each of its messages,
 twice only for a delivery in flight at the kill (started, no result logged); the
 bounce reached its sender exactly once; qmail-qstat says 0/0 and no live record is left.
 """
@@ -24,10 +25,11 @@ import pytest
 
 import conftest
 from lspawn_harness import LocalUsers
+from qmail_send_kill_at import install_wrapper
 from send_harness import Daemons
 
 from qmailpy.backends import logrecords as R
-from qmailpy.backends.logqueue import KILL_AT_ENV, LogQueue
+from qmailpy.backends.logqueue import LogQueue
 
 pytestmark = pytest.mark.parametrize("queue_backend", ["log"], indirect=True)
 
@@ -240,7 +242,8 @@ def kill_run(k):
     label = "K=%d" % k
     try:
         maildirs, numbers = prepare(home)
-        d1 = delivery_run(home, env=dict(home.env, **{KILL_AT_ENV: str(k)}))
+        bindir = os.path.dirname(install_wrapper(os.path.join(base, "kill-at-bin"), k))
+        d1 = delivery_run(home, env=dict(home.env, PATH=bindir + os.pathsep + home.env["PATH"]))
         try:
             d1.wait_for(lambda lines: d1.proc.poll() is not None or run_finished(lines, numbers),
                         TIMEOUT, "qmail-send's death (%s)" % label)

@@ -7,6 +7,29 @@ because it runs in a short-lived process that must import almost nothing.
 Channel names are "local" and "remote". Message numbers are mess inodes.
 Recipient records are envelope.ChannelRecord objects (offset, done, address);
 the offset is opaque to callers and only handed back to mark_done().
+
+Scheduling: the backend owns the schedule, in one model for both backends.
+  startup()        loads it (the directory backend from the channel files' mtimes,
+                   the log backend from its checkpoint and snapshots) and returns
+                   the entries due now, as due() would.
+  due(now)         hands out the Scheduled entries that are due: a channel's next
+                   pass, or (channel None) a message's completion. An entry handed
+                   out belongs to the caller until it hands it back.
+  next_wakeup()    when due() may find more; the caller calls due() by then.
+  reschedule()     hands a channel back after a pass that left recipients to try:
+                   the backend offers it again through due() at `when`. If it
+                   raises QueueError the backend did not take it: the caller keeps
+                   the entry and tries the pass again at `when` itself.
+  run_all_now()    SIGALRM: everything waiting is due now.
+  save_schedule()  orderly exit: the entries the caller still holds, written with
+                   the backend's own so a restart resumes on time.
+finish_channel() ends a channel (the caller schedules completion once
+channels_left() is empty); preprocess() hands the new message's channels to the
+caller, due now. What the caller holds is only work that is due (or its own short
+retries after an error), so the memory per waiting message is the backend's: the
+directory backend's is one (due, n) per waiting channel (dirschedule.py); the log
+backend keeps none for a message nobody is working on (its queue runners,
+logrunners.py, find due work by reading the log).
 """
 from abc import ABC, abstractmethod
 
@@ -22,14 +45,11 @@ class QueueError(Exception):
     """A queue operation failed; the caller logs str(self) and retries later."""
 
 
-# Scheduled.channel for an entry the startup scan could not read (a stat error
-# other than ENOENT): at `due` the caller asks backend.recheck(n) again.
-RECHECK = "recheck"
 SLEEP_SYSFAIL = 123      # seconds before a step that failed on a system error is tried again
 
 
 class Scheduled:
-    """Work found at startup: channel 'local'/'remote' due at `due`, or channel None = completion."""
+    """Work that is due: channel 'local'/'remote' due at `due`, or channel None = completion."""
     __slots__ = ("n", "channel", "due")
 
     def __init__(self, n, channel, due):
@@ -68,7 +88,9 @@ class QueueBackend(ABC):
     # -- qmail-send: startup and new work ---------------------------------
     @abstractmethod
     def startup(self):
-        """Scheduled entries for everything preprocessed but unfinished (docs/qmail-send.md "Startup" step 4)."""
+        """Load the schedule of everything preprocessed but unfinished (docs/qmail-send.md "Startup" step 4).
+
+        Returns the Scheduled entries due now, as due() would."""
 
     @abstractmethod
     def new_work(self):
@@ -129,10 +151,8 @@ class QueueBackend(ABC):
 
     @abstractmethod
     def reschedule(self, n, channel, when):
-        """The channel's next attempt is at `when` (epoch seconds).
-
-        A true return value means the backend schedules it itself and will offer it
-        again through due(); the caller then forgets it (log backend)."""
+        """The channel's next attempt is at `when` (epoch seconds): the backend offers it
+        again through due() then. QueueError: it did not take it; the caller keeps it."""
 
     @abstractmethod
     def channels_left(self, n):
@@ -146,21 +166,18 @@ class QueueBackend(ABC):
         """True when message n is ready for completion (no channel left, nothing to redo)."""
         return not self.channels_left(n)
 
-    # -- backends that schedule by themselves (log backend queue runners) --
+    # -- qmail-send: the schedule (see the module docstring) ----------------
+    @abstractmethod
     def due(self, now):
-        """Scheduled entries that became due since the last call."""
-        return []
+        """Scheduled entries that are due at `now` and were not handed out before."""
 
+    @abstractmethod
     def next_wakeup(self):
         """Epoch second by which due() should be called again, or None."""
-        return None
 
+    @abstractmethod
     def run_all_now(self):
-        """SIGALRM: offer everything the backend schedules itself through due(), now."""
-
-    def recheck(self, n):
-        """Scheduled entries for one message whose startup scan failed (RECHECK entries)."""
-        return []
+        """SIGALRM (docs/qmail-send.md "Signals"): everything waiting is offered through due() now."""
 
     # -- qmail-send: completion -------------------------------------------
     @abstractmethod
@@ -177,7 +194,8 @@ class QueueBackend(ABC):
 
     @abstractmethod
     def save_schedule(self, entries):
-        """Orderly exit: persist each (n, channel, when) so a restart resumes on time."""
+        """Orderly exit: persist each (n, channel, when) the caller still holds, and the
+        backend's own schedule, so a restart resumes on time."""
 
     @abstractmethod
     def stale_messages(self, now):

@@ -5,16 +5,19 @@ written by this backend can be run by C qmail and the other way round. The
 texts of QueueError are qmail-send's warning texts (without "warning: "),
 naming the file relative to the queue directory.
 
-State lives in the files: no per-message memory is kept here. todo/, intd/
+State lives in the files; the only per-message memory is the schedule
+(dirschedule.py: one (due, n) per waiting channel, as qmail). todo/, intd/
 and mess/ are only ever unlinked by qmail-clean, through the `cleaner`
 (an object with request(name) -> reply byte; see qmailpy.send.clean.CleanClient).
 """
 import errno
+import itertools
 import os
 import time
 
 from qmailpy import envelope, logline
-from qmailpy.backends.base import RECHECK, SLEEP_SYSFAIL, Preprocessed, QueueBackend, QueueError, Scheduled
+from qmailpy.backends.base import SLEEP_SYSFAIL, Preprocessed, QueueBackend, QueueError, Scheduled
+from qmailpy.backends.dirschedule import RECHECK, DirSchedule
 from qmailpy.layout import CHANNELS, SPLIT, is_number, relpath
 from qmailpy.states import LEFTOVER_AGE
 from qmailpy.fileio import fsync_dir, write_all
@@ -54,6 +57,7 @@ class DirQueue(QueueBackend):
         self.queue = os.path.join(home, "queue")
         self.cleaner = cleaner
         self._log = log
+        self.schedule = DirSchedule()
         if cleaner is not None and hasattr(cleaner, "send_async"):
             cleaner.on_late_reply = self._late_clean_reply
 
@@ -124,6 +128,7 @@ class DirQueue(QueueBackend):
         return [Scheduled(n, RECHECK, now + SLEEP_SYSFAIL)]
 
     def startup(self):
+        """Load the schedule from info/ and the channel files' mtimes; offer what is due."""
         now = _now()
         for s in range(SPLIT):
             try:
@@ -132,10 +137,19 @@ class DirQueue(QueueBackend):
                 continue
             for name in names:
                 if is_number(name):
-                    yield from self._scan_one(int(name), now)
+                    for entry in self._scan_one(int(name), now):
+                        self.schedule.add(entry)
+        return self.due(now)
 
-    def recheck(self, n):
-        return self._scan_one(n, _now())
+    # -- the schedule --------------------------------------------------------
+    def due(self, now=None):
+        return self.schedule.due(_now() if now is None else now, self._scan_one)
+
+    def next_wakeup(self):
+        return self.schedule.next_wakeup(_now())
+
+    def run_all_now(self):
+        self.schedule.run_all_now(_now())
 
     def new_work(self):
         try:
@@ -421,6 +435,7 @@ class DirQueue(QueueBackend):
         # qmail keeps the schedule in memory and writes it at exit; writing it
         # now as well means a crash does not make deferred mail due at once.
         self._utime(self._rel(channel, n), when)
+        self.schedule.add(Scheduled(n, channel, when))
 
     def _utime(self, rel, when):
         try:
@@ -476,7 +491,7 @@ class DirQueue(QueueBackend):
             self._warn("qmail-clean unable to clean up %s" % foop)
 
     def save_schedule(self, entries):
-        for n, channel, when in entries:
+        for n, channel, when in itertools.chain(entries, self.schedule.waiting()):
             try:
                 self._utime(self._rel(channel, n), int(when))
             except QueueError as e:

@@ -16,7 +16,8 @@ import os
 from qmailpy import envelope, states
 from qmailpy.backends import logrecords as R
 from qmailpy.backends.logcommit import LOG_DIR, LogWriter, fsync_dir, list_segments, segment_name
-from qmailpy.backends.logqueue import CHECKPOINT, LogQueue
+from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.logrecovery import CHECKPOINT
 from qmailpy.layout import CHANNELS, SPLIT, is_number, relpath
 
 

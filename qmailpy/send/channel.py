@@ -1,7 +1,8 @@
-"""qmail-send's per-channel state: the schedule, the current pass, the slots.
+"""qmail-send's per-channel state: the work handed out to it, the current pass, the slots.
 
-Memory per waiting message is one (due, n) tuple in a heap; everything else
-exists only for messages being delivered.
+The heap holds (due, n) of passes the backend handed out as due (backends/base.py),
+plus qmail-send's own retries after an error; the schedule of waiting messages is
+the backend's. Everything else exists only for messages being delivered.
 """
 import heapq
 
@@ -36,12 +37,12 @@ class Channel:
         self.alive = True
         self.reader = ReplyReader()
         self.outbuf = b""               # at most one command waiting to be written
-        self.heap = []                  # (due, n)
+        self.heap = []                  # (due, n) handed out by backend.due(), or retries
         self.job = None                 # the current pass
         self.records = None
         self.index = 0
 
-    # -- schedule ------------------------------------------------------------
+    # -- handed-out work -----------------------------------------------------
     def schedule(self, due, n):
         heapq.heappush(self.heap, (due, n))
 

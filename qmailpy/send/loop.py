@@ -5,6 +5,11 @@ earliest time something is due, selects on the trigger, the spawners' reply
 pipes, the command pipes (when a command waits) and a signal pipe, and then
 does a little of each kind of work. Log lines are written to fd 0 through
 qmailpy.logline, one os.write per line.
+
+The queue backend owns the schedule (backends/base.py): each iteration qmail-send
+takes the entries due() hands out into its channels' heaps and pqdone, wakes by
+next_wakeup(), and hands a deferred channel back with reschedule(). Its own heaps
+hold only work that is due, plus its short retries after an error.
 """
 import errno
 import fcntl
@@ -15,7 +20,7 @@ import signal
 import time
 
 from qmailpy import logline, trigger
-from qmailpy.backends.base import RECHECK, SLEEP_SYSFAIL, QueueError
+from qmailpy.backends.base import SLEEP_SYSFAIL, QueueError
 from qmailpy.send.clean import CleanClient, CleanerLost
 from qmailpy.envelope import bounce_note
 from qmailpy.send import bounce, schedule
@@ -45,7 +50,6 @@ class QmailSend:
         self.exitasap = self.runasap = self.readasap = False
         self.next_delid = 1
         self.pqdone = []             # (due, n): completion
-        self.pqfail = []             # (due, n): startup scan to redo
         self.todo = None             # numbers left in the current todo scan
         self.cleanup = None          # generator of stale messages during a cleanup walk
         self.cleaner_lost = False
@@ -131,8 +135,6 @@ class QmailSend:
     def _add_scheduled(self, entry):
         if entry.channel is None:
             heapq.heappush(self.pqdone, (entry.due, entry.n))
-        elif entry.channel == RECHECK:
-            heapq.heappush(self.pqfail, (entry.due, entry.n))
         else:
             self.by_name[entry.channel].schedule(entry.due, entry.n)
 
@@ -348,8 +350,6 @@ class QmailSend:
             for ch in self.channels:
                 if ch.job is None and ch.heap:
                     wakeup = min(wakeup, ch.heap[0][0])
-        if self.pqfail:
-            wakeup = min(wakeup, self.pqfail[0][0])
         if self.pqdone:
             wakeup = min(wakeup, self.pqdone[0][0])
         return wakeup
@@ -358,10 +358,6 @@ class QmailSend:
         for ch in self.channels:
             self.pass_dochan(ch)
         now = self.now
-        while self.pqfail and self.pqfail[0][0] <= now:
-            _, n = heapq.heappop(self.pqfail)
-            for entry in self.backend.recheck(n):
-                self._add_scheduled(entry)
         while self.pqdone and self.pqdone[0][0] <= now and not self.exitasap:
             _, n = heapq.heappop(self.pqdone)
             self.messdone(n)
@@ -442,11 +438,10 @@ class QmailSend:
             heapq.heappush(self.pqdone, (int(time.time()), job.n))
             return
         try:
-            if self.backend.reschedule(job.n, ch.name, job.retry):
-                return                      # the backend's queue runners offer it again
+            self.backend.reschedule(job.n, ch.name, job.retry)     # it offers it again at job.retry
         except QueueError as e:
             self.warn(str(e))
-        ch.schedule(job.retry, job.n)
+            ch.schedule(job.retry, job.n)
 
     def del_start(self, ch, job, record):
         slot = ch.free_slot()

@@ -1,0 +1,51 @@
+"""Garbage in the log backend: live-record counts per segment and segment deletion.
+
+A superseded record's position goes into self.garbage; its flag byte is written in
+place only at a checkpoint, after the head is fsync'd (a flag must never reach the
+disk before the record that supersedes it: logrecovery.py). A segment with no live
+record left, older than every position still needed, is unlinked.
+"""
+import os
+
+from qmailpy.backends import logrecords as R
+from qmailpy.backends.logcommit import segment_name
+
+
+class LogGarbage:
+    """Mixin of LogQueue: needs self.live, self.garbage, self.active, self.pending_new."""
+
+    def _count(self, pos, delta):
+        seg = pos[0]
+        self.live[seg] = self.live.get(seg, 0) + delta
+
+    def _supersede(self, old_pos):
+        if old_pos != R.NOWHERE:
+            self._count(old_pos, -1)
+            self.garbage.add(old_pos)
+
+    def _pinned_from(self, replay):
+        # Runners need no pin: a cursor in a deleted segment moves to the next one.
+        pins = [replay, self._tail()]
+        for a in self.active.values():
+            pins.append(a.snap)
+            if a.delta_start:
+                pins.append(a.delta_start)
+        pins.extend(self.pending_new.values())
+        return min(p[0] for p in pins)
+
+    def _delete_garbage_segments(self, replay):
+        pinned = self._pinned_from(replay)
+        for seg in self._segments():
+            if seg >= pinned:
+                break
+            if self.live.get(seg, 0) <= 0:
+                fd = self._fds.pop(seg, None)
+                if fd is not None:
+                    os.close(fd)
+                self.writer.forget_segment(seg)
+                try:
+                    os.unlink(os.path.join(self.logdir, segment_name(seg)))
+                except OSError:
+                    continue
+                self.live.pop(seg, None)
+

@@ -1,0 +1,128 @@
+"""Readers of the log backend: qmail-qread, qmail-qstat, snapshots, conversion, and
+the 36-hour cleanup. Each reads the whole log (scan()); qmail-send's own work never does.
+"""
+import os
+
+from qmailpy import states
+from qmailpy.backends import logrecords as R
+from qmailpy.backends.base import MessageView
+from qmailpy.backends.logsegments import QUARANTINE
+from qmailpy.envelope import ChannelRecord
+from qmailpy.layout import CHANNELS, SPLIT, is_number
+from qmailpy.states import LEFTOVER_AGE
+
+
+class LogReaders:
+    """Mixin of LogQueue: stale_messages(), list_messages(), counts() and their full scan."""
+
+    def stale_messages(self, now):
+        """mess/ files older than 36 h that no live record names (none while anything is quarantined)."""
+        try:
+            quarantined = os.listdir(os.path.join(self.logdir, QUARANTINE))
+        except FileNotFoundError:
+            quarantined = []
+        if quarantined:
+            self._warn("log has quarantined records; stale message cleanup skipped")
+            return
+        candidates = set()
+        for s in range(SPLIT):
+            d = os.path.join(self.queue, "mess", str(s))
+            try:
+                names = os.listdir(d)
+            except OSError:
+                continue
+            for name in names:
+                if is_number(name):
+                    try:
+                        st = os.stat(os.path.join(d, name))
+                    except OSError:
+                        continue
+                    if now > st.st_atime + LEFTOVER_AGE:
+                        candidates.add(int(name))
+        if not candidates:
+            return
+        candidates -= set(self.active) | set(self.pending_new)
+        for rec in self.scan():
+            if not rec.garbage and rec.type in (R.ENVELOPE,) + R.SNAPSHOTS:
+                candidates.discard(rec.n)
+        yield from sorted(candidates)
+
+
+    def scan(self, report=True):
+        """Every record of every segment, in log order (readers and conversion)."""
+        for seg in self._segments():
+            fd = self._segment_fd(seg)
+            if fd is None:
+                continue
+            data = os.pread(fd, os.fstat(fd).st_size, 0)
+            try:
+                R.parse_segment_header(data)
+            except R.RecordError:
+                continue
+            head = seg == self._head_segment()
+            records, problems, _ = R.decode(data, seg, final=not head)
+            if report:
+                for p in problems:
+                    self._warn(p.describe())
+            yield from records
+
+    def latest_states(self):
+        """{n: [state, record fields...]} of every message in the log (a reader's full scan)."""
+        msgs = {}
+        for rec in self.scan():
+            n, t = rec.n, rec.type
+            if t == R.ENVELOPE:
+                if n not in msgs:
+                    msgs[n] = {"state": states.S4, "rec": rec, "done": {}, "notes": b""}
+            elif t in R.SNAPSHOTS:
+                msgs[n] = {"state": states.S5, "rec": rec, "done": {}, "notes": rec.notes}
+            elif t == R.FINISH:
+                msgs.pop(n, None)
+            elif n in msgs and msgs[n]["state"] == states.S5:
+                m = msgs[n]
+                if t == R.DELIVERY:
+                    m["done"][(rec.channel, rec.index)] = True
+                elif t == R.BOUNCE_NOTE:
+                    m["notes"] = b"" if rec.op == R.NOTE_CLEAR else m["notes"] + rec.note
+        return msgs
+
+    def list_messages(self):
+        views = []
+        for n, m in self.latest_states().items():
+            if m["state"] != states.S5:
+                continue
+            rec = m["rec"]
+            chans = {}
+            for c in CHANNELS:
+                _, rcpts = rec.channels.get(c, (0, []))
+                chans[c] = [ChannelRecord(i, done or (c, i) in m["done"], addr)
+                            for i, (done, addr) in enumerate(rcpts)]
+            views.append(MessageView(n, states.S5, rec.birth, rec.size, rec.sender,
+                                     chans["local"], chans["remote"], bool(m["notes"])))
+        views.sort(key=lambda v: (v.n % SPLIT, v.n))
+        return views
+
+    def counts(self):
+        """(mess/ files, ENVELOPEs not yet preprocessed), as qmail-qstat prints them.
+
+        A body whose message has a FINISH as its last record is not counted: it is
+        gone from the queue and only waits for the next checkpoint to be unlinked
+        (see complete()), where qmail-clean would already have removed it."""
+        latest, finished = {}, set()
+        for rec in self.scan():
+            if rec.type == R.ENVELOPE:
+                latest.setdefault(rec.n, states.S4)
+                finished.discard(rec.n)
+            elif rec.type in R.SNAPSHOTS:
+                latest[rec.n] = states.S5
+            elif rec.type == R.FINISH:
+                latest.pop(rec.n, None)
+                finished.add(rec.n)
+        in_mess = 0
+        for s in range(SPLIT):
+            try:
+                in_mess += sum(1 for name in os.listdir(os.path.join(self.queue, "mess", str(s)))
+                               if is_number(name) and int(name) not in finished)
+            except OSError:
+                pass
+        return in_mess, sum(1 for state in latest.values() if state == states.S4)

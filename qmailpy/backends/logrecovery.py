@@ -1,0 +1,253 @@
+"""Checkpoints and recovery of the log backend.
+
+Durability: ENVELOPE (qmail-queue) and DELIVERY records are fsync'd before
+success is reported, shared between processes (group commit, logcommit.py).
+Everything else is bookkeeping. Every CHECKPOINT_EVERY seconds: fsync the head;
+only then write the garbage flags of records superseded since the last checkpoint,
+delete all-garbage segments (loggarbage.py), fsync the segments that got flags,
+and write queue/log/checkpoint (the restart positions): the replay position, the
+runners' positions, live-record counts per segment, the ENVELOPEs not yet
+preprocessed and the messages in flight.
+
+Recovery (startup) reads the checkpoint and only the working suffix: from the
+replay position, or from the first delta of a message in flight if earlier. A
+torn tail is cut off and reported; a corrupt record in the middle is copied to
+queue/log/quarantine/ and reported. Passes that were in flight (START without a
+REPLACEMENT or FINISH) are reconciled: a REPLACEMENT with their remaining
+recipients due now. It never reads the rest of the queue.
+"""
+import json
+import os
+
+from qmailpy.backends import logrecords as R
+from qmailpy.backends.base import CleanerLost, QueueError
+from qmailpy.backends.logcommit import fsync_dir
+from qmailpy.backends.logcursor import Cursor, Runner
+from qmailpy.backends.loginflight import InFlight
+from qmailpy.backends.logsegments import now as _now
+
+CHECKPOINT_EVERY = 5
+CHECKPOINT = "checkpoint"
+
+
+class LogRecovery:
+    """Mixin of LogQueue: recover() at startup, checkpoint() as it runs."""
+
+    def _read_checkpoint(self):
+        try:
+            with open(os.path.join(self.logdir, CHECKPOINT), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        try:
+            body, crc = data.rsplit(b"\n", 1)[0].rsplit(b" ", 1)
+            if int(crc) != R.crc32c(body):
+                raise ValueError("checksum")
+            return json.loads(body)
+        except ValueError:
+            self._warn("log checkpoint is damaged; scanning the whole log")
+            return None
+
+    def recover(self):
+        """Rebuild the in-memory state from the checkpoint and the working suffix."""
+        segments = self._segments()
+        cp = self._read_checkpoint()
+        first = (segments[0], R.HEADER_SIZE) if segments else (0, R.HEADER_SIZE)
+        if cp is None:
+            replay = first
+            self.live, self.pending_new = {}, {}
+            runner_pos = [first] * len(self.runner_lags)
+            carried = {}
+        else:
+            replay = tuple(cp["replay"])
+            self.live = {int(k): v for k, v in cp["counts"].items()}
+            self.pending_new = {int(k): tuple(v) for k, v in cp["pending"].items()}
+            saved = [tuple(p) for p in cp["runners"]]
+            runner_pos = (saved + [replay] * len(self.runner_lags))[:len(self.runner_lags)]
+            carried = {int(k): (tuple(v[0]), tuple(v[1]) if v[1] else None, v[2])
+                       for k, v in cp["active"].items()}
+        start = min([replay] + [d for _, d, _ in carried.values() if d])
+        self.active = {}
+        for n, (snap, _, passes) in carried.items():
+            try:
+                a = self._active_at(n, snap)
+            except QueueError as e:
+                self._warn("cannot reload message %d for recovery: %s" % (n, e))
+                continue
+            a.passes = set(passes) & set(a.channels)
+        with self.writer.locked():
+            tail = self._replay(start, replay, segments)
+        self._reconcile()
+        self.new_cursor = Cursor(self, tail)
+        self.runners = [Runner(lag, Cursor(self, pos)) for lag, pos in zip(self.runner_lags, runner_pos)]
+        self.recovered = True
+        self.checkpoint(force=True)
+
+
+    def _active_at(self, n, snap):
+        a = InFlight(n, snap, self._read_at(snap))
+        self.active[n] = a
+        return a
+
+    def _replay(self, start, replay, segments):
+        """Apply the records from start; before `replay` only deltas of carried messages.
+
+        Returns the tail: where the log really ends (the caller holds the append lock)."""
+        tail = start
+        for seg in [s for s in segments if s >= start[0]]:
+            fd = self._segment_fd(seg)
+            data = os.pread(fd, os.fstat(fd).st_size, 0)
+            try:
+                R.parse_segment_header(data)
+            except R.RecordError as e:
+                self._warn("log segment %d: %s; quarantined" % (seg, e))
+                self._problem(R.Problem(R.CORRUPT, seg, 0, len(data)), data)
+                continue
+            offset = start[1] if seg == start[0] else R.HEADER_SIZE
+            records, problems, end = R.decode(data, seg, offset, final=True)
+            for p in problems:
+                self._problem(p, data[p.start:p.end])
+            if seg == segments[-1]:
+                # The head: cut any torn tail so appenders continue after good data.
+                self.writer.reset_end(seg, end)
+            for rec in records:
+                self._apply(rec, rec.pos >= replay)
+            tail = (seg, end)
+        return tail
+
+    def _apply(self, rec, counting):
+        n, t = rec.n, rec.type
+        if not counting:
+            a = self.active.get(n)
+            if a is not None and rec.pos > a.snap:
+                self._apply_delta(a, rec)
+            return
+        if t == R.ENVELOPE:
+            # Numbers are mess/ inodes: an ENVELOPE after a FINISH of the same number is
+            # a new message on the inode freed by that FINISH's clean, so mess/S/n is its
+            # body now and must not be cleaned for the old one.
+            if n in self.to_clean:
+                self.to_clean = [m for m in self.to_clean if m != n]
+            self._count(rec.pos, 1)              # its PREPROCESSED, if any, follows and uncounts it
+            if not self._flagged_garbage(rec.flags, rec.pos, rec.length):
+                self.pending_new[n] = rec.pos
+        elif t in R.SNAPSHOTS:
+            if t == R.PREPROCESSED:
+                self.pending_new.pop(n, None)
+            self._supersede(rec.prev)
+            self._count(rec.pos, 1)
+            a = self.active.get(n)
+            if a is not None:
+                keep = (a.passes - set(rec.ended)) & set(rec.channels)
+                fresh = InFlight(n, rec.pos, rec)
+                fresh.passes = keep
+                self.active[n] = fresh
+                if not keep:
+                    del self.active[n]
+        elif t == R.FINISH:
+            self._supersede(rec.prev)
+            self.active.pop(n, None)
+            self.to_clean.append(n)              # the crash may have come before its unlink
+        elif t == R.START:
+            a = self.active.get(n)
+            if a is None or a.snap != rec.snapshot:
+                try:
+                    a = self._active_at(n, rec.snapshot)
+                except QueueError as e:
+                    self._warn("START for message %d names a lost snapshot: %s" % (n, e))
+                    return
+            a.passes.add(rec.channel)
+        else:
+            a = self.active.get(n)
+            if a is not None:
+                self._apply_delta(a, rec)
+
+    @staticmethod
+    def _apply_delta(a, rec):
+        if rec.type == R.START:
+            a.passes.add(rec.channel)
+        elif rec.type == R.DELIVERY:
+            chan = a.channels.get(rec.channel)
+            if chan is not None and rec.index < len(chan[1]):
+                chan[1][rec.index][0] = True
+        elif rec.type == R.BOUNCE_NOTE:
+            if rec.op == R.NOTE_CLEAR:
+                a.notes = bytearray()
+            else:
+                a.notes += rec.note
+
+    def _reconcile(self):
+        """Half-finished passes: a REPLACEMENT with what is left, due now."""
+        now = _now()
+        for n, a in sorted(self.active.items()):
+            for c in a.passes:
+                if c in a.channels:
+                    a.channels[c][0] = min(a.channels[c][0], now)
+            self._write_snapshot(a, ended=tuple(a.passes), now=now)
+        self.active = {}
+
+    def checkpoint(self, force=False, now=None):
+        now = _now() if now is None else now
+        if not force and now < self.last_checkpoint + CHECKPOINT_EVERY:
+            return
+        self.last_checkpoint = now
+        self._scan_new()
+        replay = self.new_cursor.pos
+        try:
+            self.writer.sync_to(*replay)
+        except OSError as e:
+            self._warn("trouble fsyncing log: %s" % e.strerror)
+            return
+        flagged = set()
+        for pos in sorted(self.garbage):
+            fd = self._segment_fd(pos[0])
+            if fd is None:
+                continue
+            try:
+                os.pwrite(fd, bytes((R.GARBAGE,)), pos[1] + R.FLAGS_OFFSET)
+                flagged.add(pos[0])
+            except OSError:
+                pass
+        self.garbage.clear()
+        cleaning, self.to_clean = self.to_clean, []
+        for i, n in enumerate(cleaning):
+            try:
+                self._clean(n)
+            except CleanerLost:
+                # qmail-send must exit (docs/qmail-send.md "Signals"); no checkpoint is written, so a
+                # restart replays these FINISH records and cleans their bodies then.
+                self.to_clean = cleaning[i:] + self.to_clean
+                raise
+        for r in self.runners:
+            r.cursor.invalidate()
+        self.new_cursor.invalidate()
+        self._delete_garbage_segments(replay)
+        try:
+            for seg in flagged:
+                fd = self._segment_fd(seg)
+                if fd is not None:
+                    os.fsync(fd)
+            self._write_checkpoint(replay)
+        except OSError as e:
+            self._warn("trouble writing log checkpoint: %s" % e.strerror)
+
+
+    def _write_checkpoint(self, replay):
+        runners = [list(r.restart_pos()) for r in self.runners]
+        body = json.dumps({
+            "version": 1, "replay": list(replay), "runners": runners,
+            "counts": {str(k): v for k, v in self.live.items() if v > 0},
+            "pending": {str(n): list(p) for n, p in self.pending_new.items()},
+            "active": {str(n): [list(a.snap), list(a.delta_start) if a.delta_start else None,
+                                sorted(a.passes)] for n, a in self.active.items()},
+        }, separators=(",", ":")).encode()
+        data = body + b" %d\n" % R.crc32c(body)
+        tmp = os.path.join(self.logdir, CHECKPOINT + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o660)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, os.path.join(self.logdir, CHECKPOINT))
+        fsync_dir(self.logdir)

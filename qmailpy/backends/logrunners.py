@@ -1,0 +1,148 @@
+"""Finding due work in the log backend without an index: the queue runners.
+
+Each runner is a cursor that walks the log a fixed lag behind the head
+(RUNNER_LAGS). A runner meeting a live snapshot whose next attempt is due offers
+it; one not due yet is left to the slowest runner that will still meet it before
+it is due; the runner that owns it remembers (due, position) in a heap and walks
+on, so a record written later but due sooner is not held up behind it. The heap
+is bounded (RUNNER_HELD); a full heap makes the runner wait at the record instead.
+A runner's restart position is the oldest of its cursor and its heap, so nothing
+it passed is lost in a crash. Deferred messages move to the head with each
+REPLACEMENT, so old segments empty.
+
+SIGALRM's run_all_now() is a separate sweep (the flusher) from the oldest segment
+to the tail, offering at most FLUSH_IN_FLIGHT messages at a time.
+"""
+import heapq
+
+from qmailpy.backends import logrecords as R
+from qmailpy.backends.base import QueueError, Scheduled
+from qmailpy.backends.logcursor import Cursor
+from qmailpy.backends.loginflight import InFlight
+from qmailpy.backends.logrecovery import CHECKPOINT_EVERY
+from qmailpy.backends.logsegments import now as _now
+
+# Runner lags (seconds behind the head). qmail's retry intervals run from 100 s
+# to about 9 h; a deferred message is met no earlier than it is due and at most
+# one lag step late.
+RUNNER_LAGS = (0, 60, 300, 900, 2700, 7200, 21600)
+RUNNER_BATCH = 2000           # records one runner looks at per due() call
+RUNNER_HELD = 4096            # not-yet-due snapshots one runner remembers having passed
+FLUSH_IN_FLIGHT = 1000        # run_all_now(): messages offered at once
+
+
+class LogRunners:
+    """Mixin of LogQueue: due(), next_wakeup() and run_all_now() of the backend interface."""
+
+    def due(self, now=None):
+        """Scheduled entries the runners found due (channel None = completion)."""
+        now = _now() if now is None else now
+        if not self.recovered:
+            self.recover()
+        found = []
+        tail = self._tail()                      # one read of the commit word, not one per runner
+        for i, r in enumerate(self.runners):
+            if r.idle(now, tail):
+                continue
+            slower = self.runner_lags[i + 1] if i + 1 < len(self.runners) else None
+            self._walk(r, slower, now, found)
+        if self.flusher is not None:
+            self._flush(now, found)
+        self.checkpoint(now=now)
+        return found
+
+    def _walk(self, r, slower, now, found):
+        self._offer_held(r, now, found)
+        cur = r.cursor
+        r.wake = r.held[0][0] if r.held else 0
+        r.parked = False
+        garbage, active = self.garbage, self.active
+        for _ in range(RUNNER_BATCH):
+            head = cur.peek_schedule()
+            if head is None:
+                return
+            type, flags, written, n, dues, length = head
+            if written + r.lag > now:
+                r.wait_until(written + r.lag)
+                r.parked = True
+                return
+            if (dues is not None and n not in active and (cur.seg, cur.off) not in garbage
+                    and not self._flagged_garbage(flags, cur.pos, length)):
+                ready = [c for c, due in dues.items() if due <= now]
+                if not dues or ready:
+                    rec = cur.peek()
+                    if rec is None:
+                        return
+                    self._offer(rec, ready or [None], now, found)
+                else:
+                    t = min(dues.values())
+                    if slower is None or written + slower > t:
+                        if len(r.held) >= RUNNER_HELD:
+                            r.wait_until(t)      # heap full: wait here
+                            r.parked = True
+                            return
+                        r.hold(t, cur.pos)       # this runner owns it
+            cur.skip(length)
+        r.wake = now                             # more to read: come back at once
+
+    def _offer_held(self, r, now, found):
+        """Offer the snapshots this runner passed before they were due, now due."""
+        while r.held and r.held[0][0] <= now:
+            _, pos = heapq.heappop(r.held)
+            if pos in self.garbage:
+                continue
+            try:
+                rec = self._read_at(pos)
+            except QueueError:
+                continue                         # its segment is gone: it was garbage
+            if (rec.type not in R.SNAPSHOTS or rec.n in self.active
+                    or self._flagged_garbage(rec.flags, pos, rec.length)):
+                continue
+            ready = [c for c, (due, _) in rec.channels.items() if due <= now]
+            self._offer(rec, ready or [None], now, found)
+
+    def run_all_now(self):
+        """SIGALRM (docs/qmail-send.md "Signals"): offer every queued channel now, whatever its schedule.
+
+        A sweep from the oldest segment to the present tail, offering at most
+        FLUSH_IN_FLIGHT messages at a time so memory stays bounded."""
+        segments = self._segments()
+        if segments:
+            self.flusher = (Cursor(self, (segments[0], R.HEADER_SIZE)), self._tail())
+
+    def _flush(self, now, found):
+        cur, stop = self.flusher
+        for _ in range(RUNNER_BATCH):
+            if len(self.active) >= FLUSH_IN_FLIGHT:
+                return
+            if cur.pos >= stop:
+                self.flusher = None
+                return
+            head = cur.peek_schedule()
+            if head is None:
+                self.flusher = None
+                return
+            type, flags, _, n, dues, length = head
+            if (dues is not None and n not in self.active and cur.pos not in self.garbage
+                    and not self._flagged_garbage(flags, cur.pos, length)):
+                rec = cur.peek()
+                if rec is None:
+                    return
+                self._offer(rec, list(dues) or [None], now, found, at=now)
+            cur.skip(length)
+
+    def _offer(self, rec, channels, now, found, at=None):
+        a = InFlight(rec.n, rec.pos, rec)
+        a.offered = set(channels)
+        self.active[rec.n] = a
+        for c in channels:
+            found.append(Scheduled(rec.n, c, now if c is None or at is not None else a.channels[c][0]))
+
+    def next_wakeup(self):
+        """Epoch second when due() may find more (None: nothing pending)."""
+        wakes = [r.wake for r in self.runners if r.wake]
+        if self.flusher is not None:
+            wakes.append(0)
+        if self.garbage or self.active or self.to_clean:
+            wakes.append(self.last_checkpoint + CHECKPOINT_EVERY)
+        return min(wakes) if wakes else None

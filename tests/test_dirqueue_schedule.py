@@ -1,0 +1,70 @@
+"""The directory backend owns its schedule (backends/base.py): startup() loads it from the
+channel files' mtimes, due() hands out what is due once, reschedule() takes a channel
+back, run_all_now() makes everything due, save_schedule() writes it back at exit."""
+import os
+
+from qmailpy.backends.dirqueue import DirQueue
+
+from logqueue_harness import make_queue
+
+T = 1_900_000_000
+
+
+def _waiting(home, n, due):
+    """A preprocessed message n whose remote channel is next due at `due`."""
+    queue = os.path.join(home, "queue")
+    for kind, data in (("info", b"Fs@x.example\0"), ("remote", b"Tr%d@y.example\0" % n)):
+        path = os.path.join(queue, kind, str(n % 23), str(n))
+        with open(path, "wb") as f:
+            f.write(data)
+    os.utime(os.path.join(queue, "remote", str(n % 23), str(n)), (due, due))
+    return os.path.join(queue, "remote", str(n % 23), str(n))
+
+
+def _offered(entries):
+    return sorted((e.n, e.channel, e.due) for e in entries)
+
+
+def test_startup_loads_the_schedule_and_due_hands_each_entry_out_once(tmp_path):
+    home = make_queue(tmp_path)
+    _waiting(home, 101, T + 100)
+    _waiting(home, 102, T + 50)
+    dq = DirQueue(home)
+    dq.startup()                                    # now is before T: nothing due yet
+    assert len(dq.schedule) == 2
+    assert dq.next_wakeup() == T + 50
+    assert dq.due(T + 49) == []
+    assert _offered(dq.due(T + 50)) == [(102, "remote", T + 50)]
+    assert dq.due(T + 99) == []
+    assert _offered(dq.due(T + 1000)) == [(101, "remote", T + 100)]
+    assert dq.due(T + 2000) == [] and dq.next_wakeup() is None
+
+
+def test_reschedule_takes_the_channel_back_and_writes_its_time(tmp_path):
+    home = make_queue(tmp_path)
+    remote = _waiting(home, 103, T)
+    dq = DirQueue(home)
+    dq.startup()
+    entry, = dq.due(T)
+    dq.reschedule(entry.n, "remote", T + 400)
+    assert os.stat(remote).st_mtime == T + 400      # a crash does not make it due at once
+    assert dq.next_wakeup() == T + 400
+    assert dq.due(T + 399) == []
+    assert _offered(dq.due(T + 400)) == [(103, "remote", T + 400)]
+
+
+def test_run_all_now_and_save_schedule(tmp_path):
+    home = make_queue(tmp_path)
+    held = _waiting(home, 104, T)
+    waiting = _waiting(home, 105, T + 10**6)
+    dq = DirQueue(home)
+    dq.startup()
+    dq.due(T)                                       # 104 is now the caller's
+    dq.run_all_now()
+    entries = dq.due(dq.next_wakeup())
+    assert [(e.n, e.channel) for e in entries] == [(105, "remote")]
+    assert entries[0].due < T + 10**6
+    dq.reschedule(105, "remote", T + 500)
+    dq.save_schedule([(104, "remote", T + 7)])      # what the caller still holds, and its own
+    assert os.stat(held).st_mtime == T + 7
+    assert os.stat(waiting).st_mtime == T + 500
