@@ -2,11 +2,16 @@
 all are in Maildir/new.
 
     .venv/bin/python bench/deliver.py [-n 2000] [--injectors 4] [--size 2000] [--backend dir|log|both]
+                                      [--via fork|socket]
 
 Builds a throw-away home (`qmailctl init`), one user with ~/Maildir/ in
 users/assign, starts the real daemons with `qmail-start ./Maildir/`, and
-injects through qmail-queue (qmailpy.queue.client, as qmail-inject does) from
-several injector processes. Each message carries `X-Bench: i`; arrivals in
+injects from several long-lived injector processes: with --via fork (the
+default) through qmail-queue's code in a forked child (qmailpy.queue.client, as
+qmail-inject does with queue rights); with --via socket each injector is a
+client of qmail-qmqpd (started here, from QMAILHOME/bin) and sends every
+message over its local socket in one QMQP request (ServerSubmission, what a
+submitter without queue rights does). Each message carries `X-Bench: i`; arrivals in
 Maildir/new are watched with inotify. Prints messages/s (first injection to
 last arrival) and the median and 95th percentile injection-to-delivery latency.
 Run as root, every daemon runs as `nobody`; otherwise as the invoking user.
@@ -18,7 +23,7 @@ counts fsyncs per delivered message; its own time is not reported, because
 tracing slows it (--no-strace skips it, or it is skipped when strace is missing).
 
 Each run also prints where the CPU went, in ms per message: the injectors with
-their forked qmail-queue children, qmail-send, qmail-lspawn itself, its delivery
+their forked qmail-queue children (or qmail-qmqpd with its children), qmail-send, qmail-lspawn itself, its delivery
 children (the Maildir deliveries: the same code on both backends), and
 qmail-clean. The delivery children's share bounds how much faster one backend
 can make the whole run; the summary prints that bound next to the ratio.
@@ -40,10 +45,13 @@ from inotify_simple import INotify, flags
 
 
 def make_home(base, user, backend="dir"):
+    """A home by `qmailctl init` with user `bench` (~/Maildir/) in users/assign; (home,
+    maildir, env), env's PATH starting with HOME/bin (the launchers init wrote)."""
     home = os.path.join(base, "home")
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     subprocess.run(["qmailctl", "init", "--home", home, "--me", "bench.example", "--user", user],
                    env=env, check=True, capture_output=True)
+    env["PATH"] = os.path.join(home, "bin") + os.pathsep + env["PATH"]
     pw = pwd.getpwnam(user)
     userhome = os.path.join(base, "bench")
     for path in (userhome, userhome + "/Maildir", userhome + "/Maildir/new",
@@ -63,15 +71,18 @@ def make_home(base, user, backend="dir"):
 
 
 def inject(args):
-    home, first, count, size, out = args
-    from qmailpy.queue.client import QueueClient
+    home, first, count, size, out, via = args
+    if via == "socket":
+        from qmailpy.queue.client import ServerSubmission as client
+    else:
+        from qmailpy.queue.client import QueueClient as client      # root or the queue's owner: a fork
     body = b"x" * max(0, size - 60) + b"\n"
     times = []
     own0, queueing0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
     for i in range(first, first + count):
         msg = b"X-Bench: %d\nSubject: bench\n\n" % i + body
         t = time.time()
-        qq = QueueClient(home)
+        qq = client(home)
         qq.write(msg)
         result = qq.finish(b"sender@bench.example", [b"bench@bench.example"])
         if not result.ok:
@@ -84,13 +95,18 @@ def inject(args):
         f.write("".join("%d %.6f\n" % it for it in times))
 
 
-CPU_ORDER = ("injectors", "qmail-queue children", "qmail-send", "qmail-lspawn", "delivery children",
+CPU_ORDER = ("injectors", "qmail-queue children", "qmail-qmqpd", "qmail-send", "qmail-lspawn", "delivery children",
              "qmail-clean", "qmail-rspawn")
 
 
 def _cpu(who):
     usage = resource.getrusage(who)
     return usage.ru_utime + usage.ru_stime
+
+
+def program_name(argv, default):
+    """qmail-send from [python, .../qmail-send] (pip's script) or [python, -IS, .../qmail-send]."""
+    return next((os.path.basename(a) for a in argv[1:3] if "qmail-" in a), default)
 
 
 def daemon_cpu(start_pid):
@@ -104,11 +120,51 @@ def daemon_cpu(start_pid):
             times = proc.cpu_times()
         except psutil.Error:
             continue
-        name = os.path.basename(argv[1]) if len(argv) > 1 else proc.name()
+        name = program_name(argv, proc.name())
         by_name[name] = by_name.get(name, 0) + times.user + times.system
         if name == "qmail-lspawn":
             by_name["delivery children"] = times.children_user + times.children_system
     return by_name
+
+
+def tree_cpu(pid):
+    """CPU seconds of a process with its live children and those it has reaped."""
+    proc = psutil.Process(pid)
+    times = proc.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in proc.children(recursive=True):
+        try:
+            t = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def start_send(env, logpath):
+    """qmail-start ./Maildir/ from env's PATH, once qmail-send logged its status."""
+    log = open(logpath, "wb")
+    proc = subprocess.Popen(["qmail-start", "./Maildir/"], stdout=log, stderr=log, env=env,
+                            cwd="/", start_new_session=True)
+    deadline = time.time() + 30
+    while b"status:" not in open(logpath, "rb").read():
+        if time.time() > deadline or proc.poll() is not None:
+            raise SystemExit("qmail-send did not start")
+        time.sleep(0.01)
+    return proc
+
+
+def start_qmqpd(env, logpath):
+    """qmail-qmqpd from env's PATH (QMAILHOME/bin), once it says it listens."""
+    log = open(logpath, "wb")
+    proc = subprocess.Popen(["qmail-qmqpd"], stdout=log, stderr=log, env=env, cwd="/",
+                            start_new_session=True)
+    deadline = time.time() + 30
+    while b"listening on" not in open(logpath, "rb").read():
+        if time.time() > deadline or proc.poll() is not None:
+            raise SystemExit("qmail-qmqpd did not start: %s" % open(logpath, "rb").read()[-2000:])
+        time.sleep(0.01)
+    return proc
 
 
 def count_fsyncs(args, backend):
@@ -116,7 +172,7 @@ def count_fsyncs(args, backend):
     out = tempfile.mktemp(prefix="qmailpy-bench-strace-")
     argv = ["strace", "-f", "-c", "--seccomp-bpf", "-e", "trace=fsync,fdatasync", "-o", out,
             sys.executable, os.path.abspath(__file__), "-n", str(args.n), "--injectors", str(args.injectors),
-            "--size", str(args.size), "--backend", backend, "--no-strace"] + (["--prefill"] if args.prefill else [])
+            "--size", str(args.size), "--backend", backend, "--via", args.via, "--no-strace"] + (["--prefill"] if args.prefill else [])
     done = subprocess.run(argv, capture_output=True)
     if done.returncode != 0:
         raise SystemExit("traced run failed: %s" % done.stderr.decode(errors="replace")[-2000:])
@@ -139,6 +195,8 @@ def main():
                         help="queue everything first, then start the daemons: delivery speed alone")
     parser.add_argument("--backend", choices=("dir", "log", "both"), default="dir",
                         help="queue backend (both: dir then log, same N)")
+    parser.add_argument("--via", choices=("fork", "socket"), default="fork",
+                        help="forked qmail-queue code (default) or qmail-qmqpd's local socket")
     parser.add_argument("--no-strace", action="store_true", help="do not count fsyncs")
     args = parser.parse_args()
     backends = ("dir", "log") if args.backend == "both" else (args.backend,)
@@ -172,19 +230,13 @@ def run(args, backend):
     user = "nobody" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
     base = tempfile.mkdtemp(prefix="qmailpy-bench-")
     os.chmod(base, 0o755)
-    send = None
+    send = qmqpd = None
     try:
         home, maildir, env = make_home(base, user, backend)
+        if args.via == "socket":
+            qmqpd = start_qmqpd(env, os.path.join(base, "qmqpd.log"))
         def start_daemons():
-            log = open(os.path.join(base, "send.log"), "wb")
-            proc = subprocess.Popen(["qmail-start", "./Maildir/"], stdout=log, stderr=log, env=env,
-                                    cwd="/", start_new_session=True)
-            deadline = time.time() + 30
-            while b"status:" not in open(os.path.join(base, "send.log"), "rb").read():
-                if time.time() > deadline or proc.poll() is not None:
-                    raise SystemExit("qmail-send did not start")
-                time.sleep(0.01)
-            return proc
+            return start_send(env, os.path.join(base, "send.log"))
         if not args.prefill:
             send = start_daemons()
         new = os.path.join(maildir, "new")
@@ -194,7 +246,7 @@ def run(args, backend):
                for k in range(args.injectors)]
         jobs, first = [], 0
         for k, count in enumerate(per):
-            jobs.append((home, first, count, args.size, os.path.join(base, "inject.%d" % k)))
+            jobs.append((home, first, count, args.size, os.path.join(base, "inject.%d" % k), args.via))
             first += count
         os.environ["QMAILHOME"] = home
         arrivals = {}
@@ -214,6 +266,8 @@ def run(args, backend):
         pending.get(timeout=60)
         pool.close()
         cpu = daemon_cpu(send.pid)
+        if qmqpd is not None:
+            cpu["qmail-qmqpd"] = tree_cpu(qmqpd.pid)
         cpu["injectors"] = cpu["qmail-queue children"] = 0.0
         injected = {}
         for job in jobs:
@@ -234,7 +288,9 @@ def run(args, backend):
         end = max(arrivals.values()) if arrivals else time.time()
         latencies.sort()
         print("messages: %d injected, %d delivered to Maildir/new" % (len(injected), len(arrivals)))
-        print("injectors: %d, size: %d bytes, user: %s" % (args.injectors, args.size, user))
+        print("injectors: %d (%s), size: %d bytes, user: %s" % (
+            args.injectors, "qmail-qmqpd's socket" if args.via == "socket" else "forked qmail-queue",
+            args.size, user))
         rate = len(arrivals) / (end - start)
         print("throughput: %.1f messages/s end to end (%.2f s)" % (rate, end - start))
         if latencies:
@@ -246,9 +302,10 @@ def run(args, backend):
         sys.stdout.flush()
         return (0 if len(arrivals) == args.n else 1), rate, cpu
     finally:
-        if send is not None and send.poll() is None:
-            send.send_signal(signal.SIGTERM)
-            send.wait(timeout=60)
+        for proc in (send, qmqpd):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
         shutil.rmtree(base, ignore_errors=True)
 
 
