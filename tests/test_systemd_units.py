@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from conftest import AS_ROOT, make_home, traversable_base
@@ -104,3 +105,34 @@ def test_systemd_analyze_verify_is_clean(installed, tmp_path):
                           env=env, capture_output=True, timeout=120)
     report = (done.stdout + done.stderr).decode(errors="replace")
     assert done.returncode == 0 and report.strip() == "", report
+
+
+def unit_value(name, key):
+    return re.search(r"^%s=(.+)$" % key, text(name), re.M).group(1).strip()
+
+
+def test_qmqpd_socket_activation_queues_through_the_units_own_socket_and_program(tmp_path):
+    """What systemd does with qmail-qmqpd.socket + .service, by systemd-socket-activate:
+    the socket made outside, handed over as LISTEN_FDS to ExecStart (HOME/bin's launcher),
+    which answers QMQP on it and queues the message."""
+    if shutil.which("systemd-socket-activate") is None:
+        pytest.skip("systemd-socket-activate is not installed (apt-get install systemd)")
+    from qmailpy.queue.client import ServerSubmission
+    home = make_home(traversable_base(tmp_path))
+    listen = unit_value("qmail-qmqpd.socket", "ListenStream").replace(DEFAULT_HOME, home.path)
+    program = unit_value("qmail-qmqpd.service", "ExecStart").replace(DEFAULT_HOME, home.path)
+    assert listen == os.path.join(home.path, "run", "qmqp.sock")
+    activator = subprocess.Popen(["systemd-socket-activate", "-l", listen, "-E", "QMAILHOME", program],
+                                 env=dict(home.env), stderr=subprocess.PIPE)
+    try:
+        assert activator.stderr.readline().startswith(b"Listening on " + listen.encode())
+        submission = ServerSubmission(home.path)
+        submission.write(b"Subject: activated\n\nthrough the unit's socket\n")
+        result = submission.finish(b"a@test.example", [b"b@test.example"])
+        assert result.code == 0, result
+        assert len(os.listdir(os.path.join(home.queue, "todo"))) == 1
+        server = psutil.Process(activator.pid)
+        assert server.cmdline()[1:3] == ["-IS", program]      # exec'd in place: same pid
+    finally:
+        activator.kill()
+        activator.wait(timeout=30)
