@@ -6,7 +6,7 @@ interpreter, started the same way (N of each, interleaved, so both see the same
 machine load). Prints messages/s, the median wall time per message, the median
 bare start, and their ratio. Target: ours <= 1.3 x bare.
 
-Usage: .venv/bin/python bench/inject.py [N] [--fresh-install]
+Usage: .venv/bin/python bench/inject.py [N] [--fresh-install] [--dir DIR]
 
 The home is made by `qmailctl init`, which writes the launchers in
 QMAILHOME/bin. By default that is this tree's .venv (an editable install);
@@ -63,8 +63,11 @@ def main():
     parser.add_argument("n", nargs="?", type=int, default=2000, help="messages (default 2000)")
     parser.add_argument("--fresh-install", action="store_true",
                         help="launchers of a throw-away non-editable pip install of this tree")
+    parser.add_argument("--dir", metavar="DIR", default=None,
+                        help="where the throw-away home goes (default: the system's temp dir); "
+                             "/dev/shm takes fsync's cost out of the figure")
     args = parser.parse_args()
-    base = tempfile.mkdtemp(prefix="qmailpy-bench-")
+    base = tempfile.mkdtemp(prefix="qmailpy-bench-", dir=args.dir)
     os.chmod(base, 0o755)
     try:
         bindir = os.path.join(fresh_install(base), "bin") if args.fresh_install else BIN
@@ -90,6 +93,7 @@ def main():
     med_ours, med_bare = statistics.median(ours), statistics.median(bare)
     print("installation:               %s" % ("fresh non-editable pip install" if args.fresh_install
                                              else "this tree's .venv (editable)"))
+    print("home in:                    %s" % os.path.dirname(base))
     print("messages queued:            %d of %d (%d failures)" % (queued, args.n, failures))
     print("messages/s:                 %.1f" % (args.n / total))
     print("median per message:         %.2f ms  (QMAILHOME/bin/qmail-queue, %d runs)" % (
