@@ -1,4 +1,4 @@
-"""Constant databases (cdb) as qmail uses them: users/cdb, morercpthosts.cdb (spec Appendix A).
+"""Constant databases (cdb) as qmail uses them: users/cdb, morercpthosts.cdb (docs/control-files.md "cdb (users/cdb, morercpthosts.cdb)").
 
 Little-endian u32 throughout: a 2048-byte header of 256 (table position, slot
 count) pairs, the records (keylen, datalen, key, data), then 256 hash tables of

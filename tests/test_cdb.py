@@ -1,4 +1,4 @@
-"""cdb bytes built by hand from the format description (spec Appendix A), then read back."""
+"""cdb bytes built by hand from the format description (docs/control-files.md "cdb (users/cdb, morercpthosts.cdb)"), then read back."""
 import struct
 
 from qmailpy import cdb
