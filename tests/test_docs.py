@@ -32,7 +32,8 @@ OUTSIDE = [re.compile(p) for p in (r"QMAIL-BEHAVIOUR", r"DESIGN\.md", r"\bspec\s
 def text_files():
     """Tracked files (and new ones not ignored) that hold text we write."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        out = subprocess.run(["git", "-c", "safe.directory=" + ROOT, "ls-files", "-z",
+                              "--cached", "--others", "--exclude-standard"],
                              cwd=ROOT, capture_output=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout")
