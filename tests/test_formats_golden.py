@@ -1,4 +1,4 @@
-"""Queue file bytes written out by hand from the spec text, compared with what qmailpy writes.
+"""Queue file bytes written out by hand from the format descriptions in docs/, compared with what qmailpy writes.
 
 Every expected value below is typed from docs/queue-format.md "Queue directory layout"; docs/queue-format.md "File formats" or from
 real notqmail files (shared/data/qmail-queue-snapshot.txt), never produced by

@@ -374,7 +374,7 @@ def test_syscall_order_with_directory_fsyncs(qmail_home, tmp_path):
     (4, "todo/", 66, states.S3),
 ])
 def test_fsync_failure_at_each_sync(qmail_home, nth, what, code, left):
-    """EIO from the nth fsync (strace's fault injection): the exit code of the spec,
+    """EIO from the nth fsync (strace's fault injection): qmail-queue's documented exit code,
     todo/n never left behind, only what S2/S3 allow."""
     env_r, env_w = os.pipe()
     proc = subprocess.Popen(["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync",
