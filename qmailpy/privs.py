@@ -26,9 +26,8 @@ passwd/group databases at run time, as qmail-lspawn and qmail-getpw do):
     role_uids(home, roles=...)       {role: uid} for the roles whose account exists
     single_user(roles)               the one account of a single-user home, else None
     uid_of_name(name), gid_of_name(name)   ids of an account / group (PrivError if none)
-    become(home, role, keep=None)    root: setgroups/setgid/setuid to the role (keeping
-                                     `keep`'s uid saved); else take the role's uid if it
-                                     is the saved set-user-ID; else no-op
+    become(home, role)               root: setgroups/setgid/setuid to the role (every
+                                     uid slot); else no-op
     switch_to(uid, gid, groups)      the same for an explicit account (qmail-lspawn's
                                      recipients); refuses uid 0 with RootRefused
 
@@ -196,58 +195,38 @@ def role_uids(home, wanted=USER_ROLES, roles=None):
     return found
 
 
-def switch_to(uid, gid, groups=(), saved_uid=None):
-    """setgroups, setgid, setuid (in that order). RootRefused for uid 0.
+def switch_to(uid, gid, groups=()):
+    """setgroups, setgid, setuid (in that order; setuid as root sets all three uid
+    slots, so nothing can switch back). RootRefused for uid 0.
 
-    With saved_uid (the queue owner's uid), the process keeps it as its saved
-    set-user-ID: qmail-queue's code, forked later without an exec, can then take
-    it back (see become), which is what qmail's setuid qmail-queue binary gives
-    qmail-send's bounces and qmail-local's forwards. An exec drops it."""
-    if uid == 0 or saved_uid == 0:
+    No process keeps the queue owner's uid saved: whoever lacks queue rights
+    queues through qmail-qmqpd (qmailpy.queue.client)."""
+    if uid == 0:
         raise RootRefused("refusing to run as uid 0")
     try:
         os.setgroups(list(groups) or [gid])
         os.setgid(gid)
-        if saved_uid is None:
-            os.setuid(uid)
-        else:
-            os.setresuid(uid, uid, saved_uid)
+        os.setuid(uid)
     except OSError as e:
         raise PrivError("unable to switch to uid %d gid %d: %s" % (uid, gid, e.strerror)) from e
 
 
-def become(home, role, roles=None, keep=None):
+def become(home, role, roles=None):
     """Run as the role's account from now on, when that is possible.
 
     As root: switch (groups = the role's group, plus the account's own groups
-    for qmailr) and return True; `keep` names a role whose uid stays the saved
-    set-user-ID (qmail-start gives qmail-send qmailq's). Not root, but the role's
-    uid is the saved set-user-ID: take it as the effective uid, keep the real uid
-    (qmail-queue's Received line names the caller by it) and return True.
-    Otherwise, or already that uid: return False and change nothing.
-    RootRefused if the role's account is uid 0.
+    for qmailr; every uid slot) and return True. Otherwise: return False and
+    change nothing. RootRefused if the role's account is uid 0.
     """
     roles = roles or load_roles(home)
     acct = account(home, role, roles)
     if acct.uid == 0:
         raise RootRefused("role %s maps to uid 0 (%s); refusing" % (role, acct.name))
     if os.geteuid() != 0:
-        ruid, euid, suid = os.getresuid()
-        if euid == acct.uid or suid != acct.uid:
-            return False
-        try:
-            os.setresuid(ruid, acct.uid, acct.uid)
-        except OSError as e:
-            raise PrivError("unable to switch to uid %d: %s" % (acct.uid, e.strerror)) from e
-        return True
-    if os.getuid() == acct.uid:
         return False
     gid = group_id(home, ROLE_GROUP.get(role, "qmail"), roles)
     groups = [gid]
     if role in KEEPS_OWN_GROUPS:
         groups += [g for g in os.getgrouplist(acct.name, acct.gid) if g not in groups]
-    saved = account(home, keep, roles).uid if keep else None
-    if saved == acct.uid:
-        saved = None
-    switch_to(acct.uid, gid, groups, saved)
+    switch_to(acct.uid, gid, groups)
     return True

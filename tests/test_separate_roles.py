@@ -1,9 +1,9 @@
 """A home whose roles are separate accounts, as on a real mail server (run as root only).
 
 qmail-send runs as qmails and qmail-local as the recipient, but their bounces and
-forwards must be written into the queue as qmailq, which owns pid/, mess/, intd/
-and todo/. qmail gets there through its setuid qmail-queue; qmailpy keeps qmailq's
-uid as the saved set-user-ID of qmail-send and of each delivery child.
+forwards must be written into the queue, which qmailq owns (pid/, mess/, intd/,
+todo/). qmail gets there through its setuid qmail-queue; qmailpy through the queue
+server qmail-qmqpd, which runs as qmailq and queues for the uid the kernel names.
 """
 import os
 import pwd
@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from lspawn_harness import LocalUsers
+from qmqpd_harness import QmqpServer
 from send_harness import Daemons
 from test_delivery_local import maildir_messages, queue, wait_maildir
 
@@ -49,6 +50,7 @@ def test_bounce_and_forward_are_queued_as_qmailq(separate_home):
     users.add("bench-", home=bench, dash="-", wildcard=True)
     users.dotqmail(bench, "-fwd", "&bench@test.example\n")
     daemons = Daemons(separate_home)
+    server = QmqpServer(separate_home).start()
     try:
         daemons.start()
         daemons.wait_line(r"^status: ")
@@ -58,6 +60,7 @@ def test_bounce_and_forward_are_queued_as_qmailq(separate_home):
         got = wait_maildir(os.path.join(bench, "Maildir"), 2)
     finally:
         daemons.kill()
+        server.stop()
     lines = daemons.lines()
     assert not [l for l in lines if "qmail-clean unable" in l or "unable to inject" in l], lines
     bounce = [m for m in got if b"Subject: failure notice\n" in m]

@@ -12,7 +12,6 @@ import time
 
 from qmailpy.backends.logcommit import LOG_DIR, LogWriter
 from qmailpy.backends.logrecords import encode_envelope
-from qmailpy.layout import SPLIT
 
 
 
@@ -31,36 +30,29 @@ def append_envelope(queue_dir, n, uid, qp, sender, recipients, now=None, writer=
 
 
 def write_body(queue_dir, message, received):
-    """S1 -> S2 as qmail-queue does it: the new message's number n (its mess inode).
+    """S1 -> S2 as qmail-queue does it (its own steps, qmailqueue.create_mess and
+    fill_mess): the new message's number n (its mess inode).
 
-    For callers that queue from memory (tests, benchmarks, conversion)."""
-    pid = os.getpid()
-    start = int(time.time())
-    for seq in range(1, 10):
-        pidfn = os.path.join(queue_dir, "pid", "%d.%d.%d" % (pid, start, seq))
-        try:
-            fd = os.open(pidfn, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise OSError("unable to create a pid/ file")
+    For callers that queue from memory (tests, benchmarks, conversion); OSError
+    names qmail-queue's exit code on failure."""
+    from qmailpy.queue.qmailqueue import create_mess, failure_code, fill_mess
+    fd = None
     try:
-        n = os.fstat(fd).st_ino
-        messdir = os.path.join(queue_dir, "mess", str(n % SPLIT))
-        os.link(pidfn, os.path.join(messdir, str(n)))
-        os.unlink(pidfn)
-        view = memoryview(received + message)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
+        fd, n, messdir, messfn = create_mess(queue_dir, os.getpid(), int(time.time()))
+        fill_mess(fd, messdir, received + message, lambda: b"")
+    except Exception as e:
+        code = failure_code(e)
+        if code is None:
+            raise
+        if fd is not None:
+            try:
+                os.unlink(messfn)
+            except OSError:
+                pass
+        raise OSError("unable to write the message into the queue (qmail-queue exit %d)" % code) from None
     finally:
-        os.close(fd)
-    dfd = os.open(messdir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+        if fd is not None:
+            os.close(fd)
     return n
 
 

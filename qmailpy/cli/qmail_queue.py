@@ -1,16 +1,44 @@
 """qmail-queue: queue the message on fd 0 with the envelope on fd 1 (docs/protocols.md "qmail-queue interface").
 
-No arguments (any are ignored, as in qmail); prints nothing; the exit code is
-the whole answer. QMAILHOME selects the home.
+No arguments (any are ignored, as in qmail); the exit code is the whole answer.
+QMAILHOME selects the home. Run by root or by the queue's owner it writes the
+queue itself; run by anyone else it reads the message and the envelope and hands
+them to qmail-qmqpd (qmail-qmqpd(8)), which queues them for this uid, and exits
+with the code qmail-queue gave there (74 when no server answers, with the reason
+on fd 2).
 """
 import os
 
 
+def _relay(home):
+    from qmailpy.queue import qmqp
+    from qmailpy.queue.client import NO_SERVER, ServerSubmission
+    try:
+        message = qmqp.read_all(0)
+        sender, recipients = qmqp.relay_envelope(lambda: os.read(1, 65536))
+    except ValueError as e:
+        return e.args[0]
+    except OSError:
+        return 54
+    except MemoryError:
+        return 51
+    submission = ServerSubmission(home)
+    submission.write(message)
+    result = submission.finish(sender, recipients)
+    if result.code == NO_SERVER:
+        os.write(2, b"qmail-queue: " + result.text + b"\n")
+    return result.code
+
+
 def main():
     from qmailpy.home import qmail_home
-    from qmailpy.queue.qmailqueue import run
-    # os._exit: fd 1 is the envelope pipe, so nothing may be flushed to it at exit.
-    os._exit(run(qmail_home()))
+    from qmailpy.queue.client import has_queue_rights
+    home = qmail_home()
+    if has_queue_rights(home):
+        from qmailpy.queue.qmailqueue import run
+        # os._exit: fd 1 is the envelope pipe, so nothing may be flushed to it at exit.
+        os._exit(run(home))
+    os._exit(_relay(home))
 
 
 if __name__ == "__main__":

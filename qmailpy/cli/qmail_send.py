@@ -3,18 +3,15 @@ import sys
 
 
 def _drop_root(home):
-    """Started as root (qmail-start does that): run as qmails from here on.
-
-    qmailq's uid stays the saved set-user-ID, so that bounces, queued by
-    qmail-queue's code in a forked child, are written as qmailq; qmail-start
-    cannot do this switch for us, because its exec would drop the saved uid."""
+    """Started as root (qmail-start does that): run as qmails from here on, in every
+    uid slot; bounces go to qmail-qmqpd, which records "for bounce" for qmails."""
     import os
     if os.geteuid() != 0:
         return
     from qmailpy import privs
     from qmailpy.send.loop import StartError
     try:
-        privs.become(home, "qmails", keep="qmailq")
+        privs.become(home, "qmails")
     except privs.PrivError as e:
         raise StartError("unable to switch to qmails: %s" % e) from e
 

@@ -6,8 +6,11 @@ start   runs `qmail-start DEFAULTDELIVERY` in the background. qmail-send's log
         HOME/log/qmail-send.log. The pid of qmail-send (qmail-start execs into
         it) goes to HOME/log/qmail-send.pid. With --smtp HOST:PORT it also
         runs `qmail-smtpd-listen HOST:PORT`, logging to HOME/log/qmail-smtpd.log.
+        First of all it starts the queue server qmail-qmqpd (log
+        HOME/log/qmail-qmqpd.log, pid HOME/log/qmail-qmqpd.pid), through which
+        every submitter without queue rights queues.
 stop    SIGTERM to qmail-send (and the SMTP listener), then waits until they
-        and qmail-send's helpers are gone.
+        and qmail-send's helpers are gone; then stops qmail-qmqpd.
 stat    the daemons (psutil) and the queue counts.
 doqueue SIGALRM: every queued message is retried now.
 reload  SIGHUP: qmail-send rereads locals and virtualdomains.
@@ -24,6 +27,8 @@ SEND_LOG = "qmail-send.log"
 SMTPD_LOG = "qmail-smtpd.log"
 SEND_PID = "qmail-send.pid"
 SMTPD_PID = "qmail-smtpd.pid"
+QMQPD_LOG = "qmail-qmqpd.log"
+QMQPD_PID = "qmail-qmqpd.pid"
 START_TIMEOUT = 15
 STOP_TIMEOUT = 60
 
@@ -128,6 +133,26 @@ def running_smtpd(home):
     return _process(_read_pid(home, SMTPD_PID), "qmail-smtpd-listen")
 
 
+def running_qmqpd(home):
+    return _process(_read_pid(home, QMQPD_PID), "qmail-qmqpd")
+
+
+def _start_qmqpd(home, logdir, env):
+    """Start qmail-qmqpd unless it runs; False (and why, on stderr) if it does not come up."""
+    if running_qmqpd(home):
+        return True
+    logpath = os.path.join(logdir, QMQPD_LOG)
+    offset = os.path.getsize(logpath) if os.path.exists(logpath) else 0
+    proc, _ = _spawn_logged(["qmail-qmqpd"], env, logpath)
+    with open(os.path.join(logdir, QMQPD_PID), "w") as f:
+        f.write("%d\n" % proc.pid)
+    if not _wait_for_line(logpath, offset, b"listening on", proc, START_TIMEOUT):
+        print("qmailctl: qmail-qmqpd did not start:\n%s" % _tail(logpath, offset), file=sys.stderr)
+        return False
+    print("qmail-qmqpd started (pid %d), log %s" % (proc.pid, logpath))
+    return True
+
+
 def _spawn_logged(argv, env, logpath, cwd="/"):
     """Start argv in its own session with stdout/stderr through a log writer; its pid."""
     log_r, log_w = os.pipe()
@@ -177,6 +202,8 @@ def start(args):
         return 1
     logdir = _logdir(home)
     env = _env(home)
+    if not _start_qmqpd(home, logdir, env):
+        return 1
     logpath = os.path.join(logdir, SEND_LOG)
     offset = os.path.getsize(logpath) if os.path.exists(logpath) else 0
     proc, _ = _spawn_logged(["qmail-start", args.defaultdelivery], env, logpath)
@@ -215,7 +242,8 @@ def stop(args):
     home = _home(args)
     send = running_send(home)
     smtpd = running_smtpd(home)
-    if send is None and smtpd is None:
+    qmqpd = running_qmqpd(home)
+    if send is None and smtpd is None and qmqpd is None:
         print("qmailctl: nothing is running in %s" % home)
         return 0
     import psutil
@@ -232,11 +260,13 @@ def stop(args):
     alive = _terminate(procs, args.timeout)
     if not alive:
         _, alive = psutil.wait_procs(helpers, timeout=args.timeout)
+    if not alive and qmqpd is not None:       # last: qmail-send's bounces go through it
+        alive = _terminate([qmqpd], args.timeout)
     if alive:
         print("qmailctl: still running after %g s: %s" % (
             args.timeout, " ".join(str(p.pid) for p in alive)), file=sys.stderr)
         return 1
-    for name in (SEND_PID, SMTPD_PID):
+    for name in (SEND_PID, SMTPD_PID, QMQPD_PID):
         try:
             os.unlink(os.path.join(home, "log", name))
         except OSError:
@@ -272,6 +302,8 @@ def stat(args):
     smtpd = running_smtpd(home)
     if smtpd is not None:
         print(_describe(smtpd))
+    qmqpd = running_qmqpd(home)
+    print(_describe(qmqpd) if qmqpd is not None else "qmail-qmqpd: not running")
     from qmailpy.backends import open_backend
     try:
         total, todo = open_backend(home).counts()

@@ -58,19 +58,16 @@ def report(wstat, output):
     return letter + (output if nul < 0 else output[:nul])
 
 
-def _become(recipient, queue_owner=None):
-    """Switch to the recipient's account; an exit status on refusal, else None.
+def _become(recipient):
+    """Switch to the recipient's account (every uid slot); an exit status on refusal, else None.
 
-    As root the child keeps queue_owner (qmailq's uid) as its saved set-user-ID, so
-    that a forward can queue as qmailq, as qmail-local does through the setuid
-    qmail-queue; a |program is exec'd and so loses it."""
+    A forward then queues through qmail-qmqpd, which records the recipient's uid."""
     if recipient.uid == 0:
         return QLX_ROOT
     if os.geteuid() == 0:
         from qmailpy import privs
         try:
-            privs.switch_to(recipient.uid, recipient.gid,
-                            saved_uid=None if queue_owner == recipient.uid else queue_owner)
+            privs.switch_to(recipient.uid, recipient.gid)
         except privs.PrivError:
             return QLX_USAGE            # qmail: prot_gid/prot_uid failure
         return QLX_ROOT if os.getuid() == 0 else None
@@ -81,7 +78,7 @@ def _become(recipient, queue_owner=None):
     return None
 
 
-def deliver_one(home, aliasempty, sender, recipient, queue_owner=None):
+def deliver_one(home, aliasempty, sender, recipient):
     """The body of one delivery child; returns its exit status."""
     # The parent's signal wakeup fd number may be reused by a file we open.
     signal.set_wakeup_fd(-1)
@@ -97,7 +94,7 @@ def deliver_one(home, aliasempty, sender, recipient, queue_owner=None):
         found = users.lookup(home, local)
     except users.LookupFailure as e:
         return e.code
-    refused = _become(found, queue_owner)
+    refused = _become(found)
     if refused is not None:
         return refused
     return local_deliver.deliver(found.user, found.home, local, found.dash, found.ext,
@@ -107,7 +104,7 @@ def deliver_one(home, aliasempty, sender, recipient, queue_owner=None):
 PRELOAD = ("fcntl", "pwd", "qmailpy.cdb", "qmailpy.envelope", "qmailpy.privs",
            "qmailpy.local.dotqmail", "qmailpy.local.errors", "qmailpy.local.forward",
            "qmailpy.local.maildir", "qmailpy.local.mbox", "qmailpy.local.program",
-           "qmailpy.queue.client", "qmailpy.queue.qmailqueue")
+           "qmailpy.queue.client", "qmailpy.queue.qmailqueue", "qmailpy.queue.qmqp")
 
 
 def _preload():
@@ -139,6 +136,6 @@ def run(home, aliasempty, infd=0, outfd=1):
         return 111
 
     def run_delivery(sender, recipient):
-        return deliver_one(home, aliasempty, sender, recipient, owner)
+        return deliver_one(home, aliasempty, sender, recipient)
 
     return spawn.serve(run_delivery, report, expected_owner=owner, infd=infd, outfd=outfd)

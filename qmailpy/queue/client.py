@@ -24,6 +24,16 @@ alone until finish() returns.
 QueueStartError (an OSError) means no child could be started (pipe/fork
 failure): qmail-smtpd answers `451 qqt failure (#4.3.0)`.
 
+Without queue rights (has_queue_rights: not root, not the owner of the queue)
+no child is forked: QueueClient returns a ServerSubmission, which holds the
+message and hands it to qmail-qmqpd over the local socket SOCKET in one QMQP
+request (qmailpy.queue.qmqp) at finish(). The server queues it for the uid the
+kernel reports for this process, with qmail-queue's code, and answers with
+qmail-queue's text; Result.code is then the exit code qmail-queue gave (the
+first code with that text), or, for a server that cannot be reached or dies
+mid-request, 74 ("communication with mail server failed", what qmail-qmqpc
+exits with), with a text that names the socket.
+
 Imports are kept to os and sys: this module is loaded by every injector.
 """
 import os
@@ -62,6 +72,11 @@ _CRASHED = b"Zqq crashed (#4.3.0)"
 _PERMANENT = b"Dqq permanent problem (#5.3.0)"
 _TEMPORARY = b"Zqq temporary problem (#4.3.0)"
 
+# The local queue socket, relative to the home (its directory is in queue-layout/layout.conf).
+SOCKET = "run/qmqp.sock"
+SERVER_TIMEOUT = 1200   # seconds a submission waits on the server for each read or write
+NO_SERVER = 74          # qmail-qmqpc's exit code when no server answers
+
 _live = set()           # parent-side fds of every unfinished client, closed in new children
 
 
@@ -97,10 +112,87 @@ class Result:
         return "Result(code=%r, pid=%r, text=%r)" % (self.code, self.pid, self.text)
 
 
-class QueueClient:
-    def __init__(self, home, environ=None):
-        environ = os.environ if environ is None else environ
-        program = environ.get("QMAILQUEUE")
+def has_queue_rights(home):
+    """May this process write the queue itself? Root (qmail-queue's code then becomes
+    qmailq) or the owner of HOME/queue (qmailq, or the one account of a single-user
+    home). A queue that cannot be stat'd counts as ours: qmail-queue reports it."""
+    euid = os.geteuid()
+    if euid == 0:
+        return True
+    try:
+        return os.stat(os.path.join(home, "queue")).st_uid == euid
+    except OSError:
+        return True
+
+
+def QueueClient(home, environ=None):
+    """Start queueing one message: a ForkedQueue child, or with $QMAILQUEUE unset and no
+    queue rights, a ServerSubmission to qmail-qmqpd. Both have write/finish/abort."""
+    environ = os.environ if environ is None else environ
+    program = environ.get("QMAILQUEUE")
+    if program is None and not has_queue_rights(home):
+        return ServerSubmission(home)
+    return ForkedQueue(home, program)
+
+
+def code_of(marked):
+    """qmail-queue's exit code for a class-prefixed text: the first code with that text,
+    else 71 for Z and 31 for D (qmail-qmqpc's), 0 for K."""
+    if marked[:1] == b"K":
+        return 0
+    for code, text in _TEXTS.items():
+        if text == marked:
+            return code
+    return 31 if marked[:1] == b"D" else 71
+
+
+class ServerSubmission:
+    """One message for qmail-qmqpd: kept in memory, sent in one request at finish()."""
+
+    def __init__(self, home):
+        self.path = os.path.join(home, SOCKET)
+        self.pid = None
+        self._buf = bytearray()
+        self._result = None
+
+    def write(self, data):
+        if self._result is None:
+            self._buf += data
+
+    def abort(self):
+        """Nothing was sent: nothing is queued."""
+        if self._result is None:
+            self._buf = bytearray()
+            self._result = Result(54, None, _READ_ERROR)
+        return self._result
+
+    def finish(self, sender, recipients):
+        if self._result is not None:
+            return self._result
+        from qmailpy.queue import qmqp
+        request = qmqp.request(bytes(self._buf), sender, recipients)
+        self._buf = bytearray()
+        try:
+            answer = qmqp.exchange(self.path, request, SERVER_TIMEOUT)
+        except qmqp.Failed as e:
+            self._result = Result(NO_SERVER, None, b"Zcommunication with the queue server at %s"
+                                  b" failed: %s (#4.3.0)" % (os.fsencode(self.path), e.reason.encode()))
+            return self._result
+        except qmqp.Unreachable as e:
+            self._result = Result(NO_SERVER, None, b"Zno queue server at %s: %s;"
+                                  b" is qmail-qmqpd running? (#4.3.0)"
+                                  % (os.fsencode(self.path), e.reason.encode()))
+            return self._result
+        code = code_of(answer)
+        if code == 0:
+            self.pid = qmqp.qp_of(answer)
+            answer = b""
+        self._result = Result(code, self.pid, answer)
+        return self._result
+
+
+class ForkedQueue:
+    def __init__(self, home, program=None):
         if program is None:
             from qmailpy.queue import qmailqueue
             qmailqueue.prepare(home)

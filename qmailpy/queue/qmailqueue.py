@@ -51,6 +51,11 @@ class _Exit(Exception):
         self.code = code
 
 
+def failure_code(exc):
+    """The exit code carried by one of create_mess's or fill_mess's exceptions, else None."""
+    return exc.code if isinstance(exc, _Exit) else None
+
+
 def _alarm(signum, frame):
     os._exit(52)
 
@@ -112,10 +117,24 @@ def prepare(home):
 
 def run(home, msg_fd=0, env_fd=1):
     """Queue one message; the exit code of qmail-queue (docs/protocols.md "qmail-queue interface")."""
-    queue = _Queue(home, msg_fd, env_fd)
+    return run_from(home, lambda: os.read(msg_fd, _CHUNK), lambda: os.read(env_fd, _CHUNK))
+
+
+def run_from(home, read_message, read_envelope, uid=None, tidy=False):
+    """run() with the message and the envelope from two read functions.
+
+    Each returns the next bytes (b"" at the end) or raises OSError. uid is the
+    caller the message is queued for (default: this process's real uid);
+    qmail-qmqpd passes the uid the kernel reported for its client. With tidy,
+    every failure after the message file was made removes it (qmail-queue
+    itself leaves S2/S3 files to the 36-hour cleanups on some failures).
+    """
+    queue = _Queue(home, read_message, read_envelope, uid)
     try:
         return queue.run()
     except _Exit as e:
+        if tidy:
+            queue.cleanup()
         return e.code
     except MemoryError:
         return 51
@@ -125,9 +144,71 @@ def run(home, msg_fd=0, env_fd=1):
         queue.release_queue()
 
 
+def create_mess(queue_dir, pid, start):
+    """S1 -> S2, first half: (fd, n, messdir, messfn) of a new, empty mess/S/n.
+
+    A fresh inode under pid/ (O_EXCL, seq 1..9), linked into mess/ under its
+    number, its pid/ name removed. _Exit(63) or _Exit(64) as qmail-queue."""
+    prefix = "" if queue_dir == "." else queue_dir + "/"
+    for seq in range(1, 10):
+        pidfn = "%spid/%d.%d.%d" % (prefix, pid, start, seq)
+        try:
+            fd = os.open(pidfn, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            break
+        except OSError:
+            continue
+    else:
+        raise _Exit(63)
+    try:
+        n = os.fstat(fd).st_ino
+        messdir = "%smess/%d" % (prefix, n % SPLIT)
+        messfn = "%s/%d" % (messdir, n)
+        try:
+            os.link(pidfn, messfn)
+        except OSError:
+            raise _Exit(64) from None
+        try:
+            os.unlink(pidfn)
+        except OSError:
+            raise _Exit(63) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, n, messdir, messfn
+
+
+def fill_mess(fd, messdir, first, read):
+    """S1 -> S2, second half: first, then read() until b"", into fd; fsync it and messdir.
+
+    _Exit(54) when read fails, _Exit(53) when writing or syncing does; the caller
+    removes the file then."""
+    buf = first
+    while True:
+        try:
+            chunk = read()
+        except OSError:
+            raise _Exit(54) from None
+        if chunk:
+            buf = buf + chunk if buf else chunk
+        if buf and (len(buf) >= _CHUNK or not chunk):
+            try:
+                write_all(fd, buf)
+            except OSError:
+                raise _Exit(53) from None
+            buf = b""
+        if not chunk:
+            break
+    try:
+        os.fsync(fd)
+        _sync_dir(messdir)            # mess/S/n must be on disk before todo/n can be
+    except OSError:
+        raise _Exit(53) from None
+
+
 class _Queue:
-    def __init__(self, home, msg_fd, env_fd):
-        self.home, self.msg_fd, self.env_fd = home, msg_fd, env_fd
+    def __init__(self, home, read_message, read_envelope, uid=None):
+        self.home, self.read_message, self.read_envelope = home, read_message, read_envelope
+        self.uid = uid
         self.mess_fd = self.intd_fd = None
         self.messfn = self.intdfn = None
         self.queue_fd = None
@@ -161,7 +242,7 @@ class _Queue:
         _setup_signals()                  # the alarm is armed before any file is touched
         os.umask(0o033)
         pid = os.getpid()
-        uid = os.getuid()
+        uid = os.getuid() if self.uid is None else self.uid
         start = int(time.time())
         try:
             from qmailpy import privs
@@ -187,51 +268,14 @@ class _Queue:
         received = received_line(pid, received_who(uid, role_uids), start)
 
         # S1 -> S2: a fresh inode under pid/, linked into mess/ under its number.
-        for seq in range(1, 10):
-            pidfn = "pid/%d.%d.%d" % (pid, start, seq)
-            try:
-                self.mess_fd = os.open(pidfn, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                break
-            except OSError:
-                continue
-        else:
-            self.die(63)
-        n = os.fstat(self.mess_fd).st_ino
-        messdir = "mess/%d" % (n % SPLIT)
-        messfn = "%s/%d" % (messdir, n)
+        self.mess_fd, n, messdir, self.messfn = create_mess(".", pid, start)
         intdfn, todofn = "intd/%d" % n, "todo/%d" % n
-        try:
-            os.link(pidfn, messfn)
-        except OSError:
-            self.die(64)
-        try:
-            os.unlink(pidfn)
-        except OSError:
-            self.die(63)
-        self.messfn = messfn
-
         # The message: Received line, then fd 0 verbatim.
-        buf = received
-        while True:
-            try:
-                chunk = os.read(self.msg_fd, _CHUNK)
-            except OSError:
-                self.die_read()
-            if chunk:
-                buf = buf + chunk if buf else chunk
-            if buf and (len(buf) >= _CHUNK or not chunk):
-                try:
-                    write_all(self.mess_fd, buf)
-                except OSError:
-                    self.die_write()
-                buf = b""
-            if not chunk:
-                break
         try:
-            os.fsync(self.mess_fd)
-            _sync_dir(messdir)            # mess/S/n must be on disk before todo/n can be
-        except OSError:
-            self.die_write()
+            fill_mess(self.mess_fd, messdir, received, self.read_message)
+        except _Exit:
+            self.cleanup()
+            raise
 
         if log_backend:
             return self.log_envelope(n, uid, pid)
@@ -289,7 +333,7 @@ class _Queue:
         length = 0
         while True:
             try:
-                chunk = os.read(self.env_fd, _CHUNK)
+                chunk = self.read_envelope()
             except OSError:
                 self.die_read()
             if not chunk:

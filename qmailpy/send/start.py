@@ -5,8 +5,7 @@
     qmail-rspawn       fd 0 <- send fd 3, fd 1 -> send fd 4    (role qmailr)
     qmail-clean        fd 0 <- send fd 5, fd 1 -> send fd 6    (role qmailq)
     qmail-send         fd 0 = log, 1..6 as above               (this process; qmail-send itself
-                                                                becomes qmails, keeping qmailq's
-                                                                uid saved for its bounces)
+                                                                becomes qmails after the exec)
 
 Started as root each daemon becomes its role's account (qmailpy.privs;
 qmail-send switches itself, after the exec, see qmailpy.cli.qmail_send);

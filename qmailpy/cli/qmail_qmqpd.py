@@ -1,0 +1,125 @@
+"""qmail-qmqpd [-c limit] [-t timeout] [--tcp HOST:PORT]: the queue server (qmail-qmqpd(8)).
+
+Listens on QMAILHOME/run/qmqp.sock (or on the sockets systemd passes), and with
+--tcp also on HOST:PORT for the clients control/qmqpclients allows. Started as
+root it binds first, then runs as qmailq.
+"""
+import os
+import sys
+
+PROG = "qmail-qmqpd"
+
+
+def _say(text):
+    try:
+        sys.stderr.write("%s: %s\n" % (PROG, text))
+        sys.stderr.flush()
+    except OSError:
+        pass
+
+
+def _parse(argv):
+    import argparse
+    parser = argparse.ArgumentParser(prog=PROG, description="the QMQP queue server")
+    parser.add_argument("-c", dest="limit", type=int, default=None, metavar="LIMIT",
+                        help="connections handled at once (default 40)")
+    parser.add_argument("-t", dest="timeout", type=float, default=None, metavar="SECONDS",
+                        help="time a connection may take (default 1200)")
+    parser.add_argument("--tcp", metavar="HOST:PORT", help="also answer QMQP on TCP")
+    args = parser.parse_args(argv)
+    if args.limit is not None and args.limit < 1:
+        parser.error("-c needs a positive number")
+    if args.timeout is not None and args.timeout <= 0:
+        parser.error("-t needs a positive number of seconds")
+    if args.tcp is not None:
+        host, sep, port = args.tcp.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            parser.error("--tcp needs HOST:PORT")
+        args.tcp = (host.strip("[]"), int(port))
+    return args
+
+
+def main(argv=None):
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    import socket
+    from qmailpy import privs
+    from qmailpy.home import qmail_home
+    from qmailpy.queue import qmailqueue, server
+    from qmailpy.queue.client import SOCKET
+    from qmailpy.smtpd.listener import Rules
+    home = os.path.abspath(qmail_home())
+    root = os.geteuid() == 0
+    qmailqueue.prepare(home)           # once, for every forked child
+    try:
+        roles = privs.load_roles(home)
+        owner = privs.account(home, "qmailq", roles)
+        group = privs.group_id(home, "qmail", roles)
+    except privs.PrivError as e:
+        _say("fatal: %s" % e)
+        return 111
+
+    inherited = server.inherited_sockets(os.environ)
+    local = next((s for s in inherited if s.family == socket.AF_UNIX), None)
+    tcp = next((s for s in inherited if s.family in (socket.AF_INET, socket.AF_INET6)), None)
+    path = os.path.join(home, SOCKET)
+    bound_path = None
+    if local is None:
+        try:
+            if not os.path.isdir(os.path.dirname(path)):      # a home made before run/ existed
+                os.mkdir(os.path.dirname(path), 0o755)
+                if root:
+                    os.chown(os.path.dirname(path), owner.uid, group)
+            local = server.bind_local(path)
+            if root:
+                os.chown(path, owner.uid, group)
+        except OSError as e:
+            _say("fatal: unable to listen on %s: %s" % (path, e.strerror))
+            return 111
+        bound_path = path
+    if tcp is None and args.tcp is not None:
+        try:
+            tcp = server.bind_tcp(*args.tcp)
+        except OSError as e:
+            _say("fatal: unable to bind %s:%d: %s" % (args.tcp + (e.strerror,)))
+            return 111
+    tcp_uid = rules = None
+    if tcp is not None:
+        try:
+            tcp_uid = privs.account(home, "qmaild", roles).uid
+        except privs.PrivError as e:
+            _say("fatal: QMQP over TCP is queued as qmaild: %s" % e)
+            return 111
+        rules = Rules(os.path.join(home, "control", "qmqpclients"))
+        error = rules.refresh()
+        if error is not None:
+            _say("fatal: %s" % error)
+            return 111
+    try:
+        privs.become(home, "qmailq", roles)
+        os.chdir(home)
+    except (OSError, privs.PrivError) as e:
+        _say("fatal: unable to become qmailq: %s" % e)
+        return 111
+
+    def warn(text):
+        _say("warning: %s; previous rules kept" % text)
+
+    def ready():
+        where = [local.getsockname() or path]
+        if tcp is not None:
+            where.append("%s:%d" % tcp.getsockname()[:2])
+        _say("listening on %s" % " and ".join(where))
+
+    kwargs = {k: v for k, v in (("limit", args.limit), ("timeout", args.timeout)) if v is not None}
+    try:
+        return server.Server(home, local, tcp, tcp_uid, rules, warn=warn, **kwargs).serve(ready)
+    finally:
+        if bound_path is not None:
+            try:
+                os.unlink(bound_path)
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

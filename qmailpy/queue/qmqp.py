@@ -1,0 +1,138 @@
+"""QMQP's bytes (qmail-qmqpd(8)): a client's request and the server's answer.
+
+A request is one netstring holding the message's netstring, then the sender's,
+then one per recipient: netstring(netstring(message) netstring(sender)
+netstring(recipient)...). The answer is one netstring whose first byte is K
+(queued), Z (temporary failure) or D (permanent failure), then a text. A
+netstring is LENGTH ":" BYTES ",", LENGTH in decimal without leading zeros
+(qmail-qmqpd also accepts them).
+
+exchange() is the client's side over a local (AF_UNIX) socket.
+"""
+import os
+
+MAX_ANSWER = 1024        # qmail's answers are a line; a longer one is not an answer
+
+
+class Unreachable(Exception):
+    """No server listens at the socket (missing, refused, no permission)."""
+
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Failed(Unreachable):
+    """The server was reached but gave no valid answer."""
+
+
+def netstring(data):
+    return b"%d:%s," % (len(data), data)
+
+
+def request(message, sender, recipients):
+    return netstring(netstring(message) + netstring(sender)
+                     + b"".join(netstring(r) for r in recipients))
+
+
+def parse_answer(data):
+    """The answer's K/Z/D text from a complete netstring; None if data is not one (yet)."""
+    colon = data.find(b":")
+    if colon <= 0 or colon > 4 or not data[:colon].isdigit():
+        return None
+    length = int(data[:colon])
+    end = colon + 1 + length
+    if len(data) < end + 1 or data[end:end + 1] != b"," or length < 1:
+        return None
+    answer = data[colon + 1:end]
+    return answer if answer[:1] in (b"K", b"Z", b"D") else None
+
+
+def qp_of(answer):
+    """The queueing process's pid from 'Kok TIME qp PID', or None."""
+    _, sep, rest = answer.rpartition(b" qp ")
+    return int(rest) if sep and rest.isdigit() else None
+
+
+def _reason(e):
+    return e.strerror or str(e) if isinstance(e, OSError) else str(e)
+
+
+def exchange(path, data, timeout):
+    """Send a request to the server at path; its answer (K/Z/D text).
+
+    Unreachable when no connection can be made, Failed when the server does
+    not answer with a netstring."""
+    import socket
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+        except OSError as e:
+            raise Unreachable(_reason(e)) from None
+        send_error = None
+        try:
+            sock.sendall(data)
+        except OSError as e:
+            send_error = e          # the server may have answered before it stopped reading
+        got = b""
+        try:
+            while len(got) <= MAX_ANSWER:
+                chunk = sock.recv(MAX_ANSWER + 16)
+                if not chunk:
+                    break
+                got += chunk
+                if parse_answer(got) is not None:
+                    break
+        except OSError as e:
+            if parse_answer(got) is None:
+                raise Failed(_reason(send_error or e)) from None
+        answer = parse_answer(got)
+        if answer is None:
+            if send_error is not None:
+                raise Failed(_reason(send_error))
+            raise Failed("connection closed without an answer" if not got else "not a QMQP answer")
+        return answer
+    finally:
+        sock.close()
+
+
+def relay_envelope(read):
+    """(sender, recipients) from qmail-queue's envelope format, read with read() until its
+    final NUL; ValueError(code) with qmail-queue's exit code: 91 malformed, 11 too long,
+    54 ends early (or OSError from read)."""
+    from qmailpy.envelope import MAX_ADDRESS
+    buf = b""
+    pos = 0
+    fields = []
+    while True:
+        if pos < len(buf):
+            kind = buf[pos]
+            if fields and kind == 0:
+                return fields[0], fields[1:]
+            if kind != (70 if not fields else 84):       # 'F' first, then 'T'
+                raise ValueError(91)
+            nul = buf.find(b"\0", pos + 1)
+            if nul >= 0:
+                if nul - pos - 1 > MAX_ADDRESS:
+                    raise ValueError(11)
+                fields.append(buf[pos + 1:nul])
+                pos = nul + 1
+                continue
+            if len(buf) - pos - 1 > MAX_ADDRESS:
+                raise ValueError(11)
+        chunk = read()
+        if not chunk:
+            raise ValueError(54)
+        buf = buf[pos:] + chunk
+        pos = 0
+
+
+def read_all(fd):
+    parts = []
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)

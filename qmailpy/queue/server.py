@@ -1,0 +1,384 @@
+"""qmail-qmqpd's work: answer QMQP requests by queueing them (qmail-qmqpd(8)).
+
+One long-lived process, running as the queue's owner, listens on the local
+socket (every local user may connect) and optionally on TCP. For each
+connection it forks (no exec: qmail-queue's code is already loaded, see
+qmailqueue.prepare); the child reads one request against a deadline and runs
+qmail-queue's code (qmailqueue.run_from) while it reads, with the message
+streamed into mess/ and the envelope into intd/ (or the log), for the uid the
+kernel reports for a local client (SO_PEERCRED) or qmaild's uid for a TCP
+client ("from network"). Its answer is qmail-qmqpd's: "Kok TIME qp PID",
+or qmail-queue's text for its exit code. A request that breaks the protocol,
+ends early or outlasts the deadline leaves nothing in the queue: every file
+made for it is removed before the answer (or the close).
+
+TCP clients are checked against control/qmqpclients (tcprules' source format,
+qmailpy.smtpd.listener.Rules) before any fork; a denied one is closed unanswered.
+"""
+import errno
+import gc
+import os
+import select
+import signal
+import socket
+import struct
+import time
+
+from qmailpy.queue.client import explain
+from qmailpy.queue.qmqp import netstring
+
+DEFAULT_LIMIT = 40            # children at once; more connections wait in the backlog
+DEFAULT_TIMEOUT = 1200        # seconds a connection may take, from accept to answer
+_CHUNK = 65536
+_MAX_DIGITS = 20
+
+R_TRUNCATED = b"Zthe QMQP request ended early (#4.3.0)"
+R_TIMEOUT = b"Ztimeout reading the QMQP request (#4.4.2)"
+R_SYNTAX = b"Dthat is not a QMQP request (#5.5.2)"
+R_SIZE = b"Dsorry, that message size exceeds my databytes limit (#5.3.4)"
+R_ADDRESS = b"Dsorry, I can't accept addresses like that (#5.1.3)"
+R_CONTROLS = b"Zunable to read controls (#4.3.0)"
+
+
+class BadRequest(OSError):
+    """The request cannot be queued; .answer is what the client is told.
+
+    An OSError, so that qmail-queue's code, reading through Request, treats it
+    as a read error: it removes what it made and returns 54."""
+
+    def __init__(self, answer):
+        super().__init__(answer.decode("ascii", "replace"))
+        self.answer = answer
+
+
+class Request:
+    """One QMQP request read from a connected socket before a deadline (time.monotonic())."""
+
+    def __init__(self, conn, deadline):
+        self.conn = conn
+        self.deadline = deadline
+        self.buf = b""
+        self.left = 0             # bytes of the outer netstring not yet read
+        self.message_left = 0
+        self.envelope_started = self.finished = False
+        self.records = 0          # envelope records handed out so far
+        self.failure = None
+
+    def fail(self, answer):
+        if self.failure is None:
+            self.failure = answer
+        raise BadRequest(self.failure)
+
+    def _recv(self):
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            self.fail(R_TIMEOUT)
+        self.conn.settimeout(remaining)
+        try:
+            data = self.conn.recv(_CHUNK)
+        except socket.timeout:
+            self.fail(R_TIMEOUT)
+        except OSError:
+            self.fail(R_TRUNCATED)
+        if not data:
+            self.fail(R_TRUNCATED)
+        return data
+
+    def _take(self, n):
+        while len(self.buf) < n:
+            self.buf += self._recv()
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def _count(self, n):
+        self.left -= n
+        if self.left < 0:
+            self.fail(R_SYNTAX)
+
+    def _length(self, counted=True):
+        digits = b""
+        while True:
+            ch = self._take(1)
+            if counted:
+                self._count(1)
+            if ch == b":" and digits:
+                return int(digits)
+            if not (b"0" <= ch <= b"9") or len(digits) >= _MAX_DIGITS:
+                self.fail(R_SYNTAX)
+            digits += ch
+
+    def _comma(self, counted=True):
+        if self._take(1) != b",":
+            self.fail(R_SYNTAX)
+        if counted:
+            self._count(1)
+
+    def read_head(self, databytes):
+        """The outer length and the message's; R_SIZE (after reading the rest) if the
+        message is longer than databytes (0: no limit)."""
+        self.left = self._length(counted=False)
+        self.message_left = self._length()
+        self._count(self.message_left + 1)          # the message and its comma fit inside
+        if databytes and self.message_left > databytes:
+            try:
+                self._discard(self.message_left + 1 + self.left + 1)
+            except BadRequest:
+                pass
+            self.failure = R_SIZE
+            raise BadRequest(R_SIZE)
+
+    def _discard(self, n):
+        n -= len(self.buf)
+        self.buf = b""
+        while n > 0:
+            n -= len(self._recv())
+
+    def read_message(self):
+        """The message, chunk by chunk; b"" after its last byte (and its comma)."""
+        if self.message_left:
+            if not self.buf:
+                self.buf = self._recv()
+            data, self.buf = self.buf[:self.message_left], self.buf[self.message_left:]
+            self.message_left -= len(data)
+            return data
+        if not self.envelope_started:
+            self.envelope_started = True
+            self._comma(counted=False)             # counted with the message
+        return b""
+
+    def read_envelope(self):
+        """qmail-queue's envelope, one record per call: F sender, T recipient..., NUL."""
+        if self.finished:
+            return b""
+        if not self.envelope_started:             # the message was not read to its end
+            self.fail(R_SYNTAX)
+        first = self.records == 0
+        if self.left == 0:
+            if first:
+                self.fail(R_SYNTAX)                 # no sender
+            self._comma(counted=False)              # the outer netstring's
+            self.finished = True
+            return b"\0"
+        length = self._length()
+        from qmailpy.envelope import MAX_ADDRESS
+        if length > MAX_ADDRESS:
+            self.fail(explain(11))
+        self._count(length + 1)
+        address = self._take(length)
+        self._comma(counted=False)
+        if b"\0" in address:
+            self.fail(R_ADDRESS)
+        self.records += 1
+        return (b"F" if first else b"T") + address + b"\0"
+
+
+def peer_uid(conn):
+    """The connecting process's uid, as the kernel recorded it at connect()."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def handle(home, conn, uid, timeout):
+    """Read, queue and answer one request in a forked child; the exit status."""
+    from qmailpy.home import ControlError, control_int
+    from qmailpy.queue.qmailqueue import run_from
+    request = Request(conn, time.monotonic() + timeout)
+    code = None
+    try:
+        databytes = control_int(home, "databytes", 0)
+    except ControlError:
+        request.failure = R_CONTROLS
+    else:
+        try:
+            request.read_head(databytes)
+        except BadRequest:
+            pass
+        else:
+            code = run_from(home, request.read_message, request.read_envelope, uid, tidy=True)
+    if request.failure is not None:
+        answer = request.failure
+    elif code == 0:
+        answer = b"Kok %d qp %d" % (int(time.time()), os.getpid())
+    else:
+        answer = explain(code)
+    try:
+        conn.settimeout(max(1.0, request.deadline - time.monotonic()))
+        conn.sendall(netstring(answer))
+    except OSError:
+        return 1
+    return 0 if code == 0 else 1
+
+
+class Server:
+    """The accept loop: fork one child per connection, at most `limit` at once."""
+
+    def __init__(self, home, local=None, tcp=None, tcp_uid=None, rules=None,
+                 limit=DEFAULT_LIMIT, timeout=DEFAULT_TIMEOUT, warn=None):
+        self.home = home
+        self.local, self.tcp, self.tcp_uid = local, tcp, tcp_uid
+        self.rules, self.warn = rules, warn
+        self.limit, self.timeout = limit, timeout
+        self.listening = [s for s in (local, tcp) if s is not None]
+        for sock in self.listening:
+            sock.setblocking(False)
+        self.children = set()
+        self._stop = False
+
+    def _on_term(self, signum, frame):
+        self._stop = True
+
+    def serve(self, ready=None):
+        """Accept until SIGTERM/SIGINT; ready() runs once the signal handlers are set."""
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        self._wake = (wake_r, wake_w)
+        old_wakeup = signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda s, f: None)
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        gc.freeze()              # pages shared with every child stay shared
+        try:
+            if ready is not None:
+                ready()
+            while not self._stop:
+                self._reap()
+                wanted = [wake_r]
+                if len(self.children) < self.limit:
+                    wanted += self.listening
+                try:
+                    readable, _, _ = select.select(wanted, [], [])
+                except InterruptedError:
+                    continue
+                if wake_r in readable:
+                    try:
+                        while os.read(wake_r, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                for sock in self.listening:
+                    if sock in readable:
+                        while (not self._stop and len(self.children) < self.limit
+                               and self._accept(sock)):
+                            pass
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            os.close(wake_r)
+            os.close(wake_w)
+            for sock in self.listening:
+                sock.close()
+        return 0
+
+    def _reap(self):
+        while self.children:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                self.children.clear()
+                return
+            if pid == 0:
+                return
+            self.children.discard(pid)
+
+    def _accept(self, sock):
+        """Accept and fork one connection; False when none was waiting."""
+        try:
+            conn, remote = sock.accept()
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.ECONNABORTED, errno.EINTR, errno.EMFILE,
+                           errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                return False
+            raise
+        if sock is self.tcp:
+            uid = self.tcp_uid
+            if not self._allowed(remote[0]):
+                conn.close()
+                return True
+        else:
+            try:
+                uid = peer_uid(conn)
+            except OSError:
+                conn.close()
+                return True
+        try:
+            pid = os.fork()
+        except OSError:
+            conn.close()
+            return False
+        if pid == 0:
+            code = 111
+            try:
+                signal.set_wakeup_fd(-1)
+                for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+                    signal.signal(s, signal.SIG_DFL)
+                for fd in self._wake:
+                    os.close(fd)
+                for listening in self.listening:
+                    listening.close()
+                conn.setblocking(True)
+                code = handle(self.home, conn, uid, self.timeout)
+            finally:
+                os._exit(code)
+        self.children.add(pid)
+        conn.close()
+        return True
+
+    def _allowed(self, ip):
+        if self.rules is None:
+            return True
+        error = self.rules.refresh()
+        if error is not None and self.warn is not None:
+            self.warn(error)
+        return self.rules.lookup(ip)[0]
+
+
+def inherited_sockets(environ):
+    """Listening sockets passed by systemd (LISTEN_FDS from fd 3, for this LISTEN_PID);
+    the variables are removed so that no child takes them for its own."""
+    if environ.get("LISTEN_PID") != str(os.getpid()):
+        return []
+    try:
+        count = int(environ.get("LISTEN_FDS", "0"))
+    except ValueError:
+        count = 0
+    for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        environ.pop(name, None)
+    socks = []
+    for fd in range(3, 3 + count):
+        sock = socket.socket(fileno=fd)
+        sock.set_inheritable(False)
+        socks.append(sock)
+    return socks
+
+
+def bind_local(path, mode=0o666):
+    """A listening Unix socket at path (a stale socket file there is replaced)."""
+    import stat
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        os.chmod(path, mode)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def bind_tcp(host, port):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -1,0 +1,245 @@
+"""qmail-qmqpd: QMQP on the local socket (and TCP), queued as qmail-queue would.
+
+Every bad request gets its answer (or the connection closes), leaves nothing in
+the queue, and the server goes on serving.
+"""
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import AS_ROOT
+from qmailpy.queue.client import QueueClient, ServerSubmission
+from qmqpd_harness import QmqpServer, ask, connect, netstring, read_answer, request
+from queue_view import leftovers, queued
+
+GOOD = request(b"Subject: hi\n\nhello\n", b"a@example.org", [b"b@example.net", b"c@example.net"])
+
+
+@pytest.fixture
+def server(qmail_home):
+    with QmqpServer(qmail_home, "-t", "10") as srv:
+        yield srv
+
+
+def empty_queue(home):
+    """Nothing queued and no scratch file left (pid/ included)."""
+    return leftovers(home) == [] and os.listdir(os.path.join(home.queue, "pid")) == []
+
+
+def wait_until(predicate, timeout=30):
+    """Poll predicate (a child finishing its cleanup) until true or timeout."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def still_serves(server, home, count):
+    answer = ask(server.socket, GOOD)
+    assert answer.startswith(b"Kok "), answer
+    assert len(queued(home)) == count
+
+
+@pytest.mark.both_backends
+def test_a_request_is_queued_for_the_callers_uid(qmail_home, server):
+    answer = ask(server.socket, GOOD)
+    assert answer.startswith(b"Kok ") and b" qp " in answer, answer
+    qp = int(answer.rsplit(b" ", 1)[1])
+    [msg] = queued(qmail_home)
+    assert (msg.sender, msg.recipients, msg.uid) == (
+        b"a@example.org", [b"b@example.net", b"c@example.net"], os.getuid())
+    first, rest = msg.mess.split(b"\n", 1)
+    assert first.startswith(b"Received: (qmail %d invoked by uid %d); " % (qp, os.getuid()))
+    assert rest == b"Subject: hi\n\nhello\n"
+    assert os.stat(server.socket).st_mode & 0o777 == 0o666
+
+
+def test_a_client_that_lacks_queue_rights_gets_qmail_queues_answers(qmail_home, server):
+    sub = ServerSubmission(qmail_home.path)
+    sub.write(b"x\n")
+    result = sub.finish(b"a" * 1003, [b"b@c"])
+    assert (result.code, result.permanent, result.text) == (
+        11, True, b"envelope address too long for qq (#5.1.3)")
+    sub = ServerSubmission(qmail_home.path)
+    sub.write(b"x\n")
+    result = sub.finish(b"a@b", [b"c@d"])
+    assert (result.code, result.ok) == (0, True) and result.pid > 0
+    assert [m.recipients for m in queued(qmail_home)] == [[b"c@d"]]
+
+
+def test_garbage_is_answered_and_nothing_is_queued(qmail_home, server):
+    for junk in (b"GET / HTTP/1.0\r\n\r\n", b"12345678901234567890123:x", b"5:abc,,",
+                 b"9:3:abc,,,", b"6:3:abc,,"):          # the last has no sender
+        assert ask(server.socket, junk, shut=True) == b"Dthat is not a QMQP request (#5.5.2)", junk
+    assert ask(server.socket, request(b"m\n", b"a\0b", [b"c@d"])) == \
+        b"Dsorry, I can't accept addresses like that (#5.1.3)"
+    wait_until(lambda: empty_queue(qmail_home))
+    still_serves(server, qmail_home, 1)
+
+
+def test_a_truncated_netstring_is_answered_and_nothing_is_queued(qmail_home, server):
+    assert ask(server.socket, GOOD[:len(GOOD) // 2], shut=True) == \
+        b"Zthe QMQP request ended early (#4.3.0)"
+    assert ask(server.socket, GOOD[:-1], shut=True) == b"Zthe QMQP request ended early (#4.3.0)"
+    wait_until(lambda: empty_queue(qmail_home))
+    still_serves(server, qmail_home, 1)
+
+
+@pytest.mark.both_backends
+def test_a_message_beyond_databytes_is_refused(qmail_home, server):
+    qmail_home.control("databytes", "1000\n")
+    big = request(b"x" * 1001, b"a@b", [b"c@d"])
+    assert ask(server.socket, big) == b"Dsorry, that message size exceeds my databytes limit (#5.3.4)"
+    assert empty_queue(qmail_home)
+    assert ask(server.socket, request(b"x" * 1000, b"a@b", [b"c@d"])).startswith(b"Kok ")
+    assert len(queued(qmail_home)) == 1
+
+
+def test_a_client_that_disconnects_mid_message_leaves_nothing(qmail_home, server):
+    message = b"y" * 300000
+    data = request(message, b"a@b", [b"c@d"])
+    with connect(server.socket) as sock:
+        sock.sendall(data[:200000])
+        mess = os.path.join(qmail_home.queue, "mess")
+        # the server streams into mess/ as it reads: the file exists before we leave
+        wait_until(lambda: any(os.listdir(os.path.join(mess, d)) for d in os.listdir(mess)))
+    wait_until(lambda: empty_queue(qmail_home))
+    still_serves(server, qmail_home, 1)
+
+
+def test_a_stalled_client_is_cut_off_at_the_deadline(qmail_home):
+    with QmqpServer(qmail_home, "-t", "1") as server:
+        with connect(server.socket) as sock:
+            sock.sendall(GOOD[:20])
+            assert read_answer(sock) == b"Ztimeout reading the QMQP request (#4.4.2)"
+        wait_until(lambda: empty_queue(qmail_home))
+        still_serves(server, qmail_home, 1)
+
+
+def test_200_concurrent_clients_half_of_them_broken(qmail_home, server):
+    socks = [connect(server.socket) for _ in range(200)]
+    answers = [None] * 200
+
+    def client(i):
+        sock = socks[i]
+        try:
+            if i % 2:
+                sock.sendall(request(b"message %d\n" % i, b"a@b", [b"r%d@x" % i]))
+            else:
+                sock.sendall(GOOD[:len(GOOD) - 5])
+                sock.shutdown(socket.SHUT_WR)
+            answers[i] = read_answer(sock)
+        finally:
+            sock.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(200)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(answers[i].startswith(b"Kok ") for i in range(1, 200, 2)), answers
+    assert set(answers[0::2]) == {b"Zthe QMQP request ended early (#4.3.0)"}
+    got = sorted(m.recipients[0] for m in queued(qmail_home))
+    assert got == sorted(b"r%d@x" % i for i in range(1, 200, 2))
+    wait_until(lambda: os.listdir(os.path.join(qmail_home.queue, "pid")) == [])
+    assert server.alive()
+    still_serves(server, qmail_home, 101)
+
+
+def test_no_server_is_a_temporary_failure_that_names_the_socket(qmail_home):
+    sub = ServerSubmission(qmail_home.path)
+    sub.write(b"x\n")
+    result = sub.finish(b"a@b", [b"c@d"])
+    path = os.path.join(qmail_home.path, "run", "qmqp.sock").encode()
+    assert (result.code, result.ok, result.permanent) == (74, False, False)
+    assert result.text.startswith(b"no queue server at " + path + b": ")
+    assert b"is qmail-qmqpd running?" in result.text
+    assert empty_queue(qmail_home)
+
+
+def test_a_server_that_dies_mid_request_is_a_temporary_failure(qmail_home, tmp_path):
+    path = str(tmp_path / "dead.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(1)
+
+    def die():
+        conn, _ = listener.accept()
+        conn.recv(10)
+        conn.close()
+    t = threading.Thread(target=die)
+    t.start()
+    sub = ServerSubmission(qmail_home.path)
+    sub.path = path
+    sub.write(b"x" * 100)
+    result = sub.finish(b"a@b", [b"c@d"])
+    t.join()
+    listener.close()
+    assert (result.code, result.permanent) == (74, False)
+    assert result.text.startswith(b"communication with the queue server at ")
+
+
+def test_tcp_clients_follow_qmqpclients_and_queue_as_qmaild(qmail_home):
+    qmail_home.control("qmqpclients", "127.0.0.2:allow\n127.:deny\n")
+    with QmqpServer(qmail_home, "--tcp", "127.0.0.1:0") as server:
+        assert ask(server.tcp, GOOD) == b""                      # closed, unanswered
+        assert empty_queue(qmail_home)
+        qmail_home.control("qmqpclients", "127.0.0.1:allow\n:deny\n")
+        assert ask(server.tcp, GOOD).startswith(b"Kok ")
+    [msg] = queued(qmail_home)
+    from qmailpy import privs
+    assert msg.uid == privs.account(qmail_home.path, "qmaild").uid
+
+
+def test_a_socket_from_systemd_is_used_instead_of_binding(qmail_home, tmp_path):
+    if AS_ROOT:
+        os.chmod(tmp_path, 0o755)
+    path = str(tmp_path / "activated.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    os.chmod(path, 0o666)
+    listener.listen(16)
+    env = dict(qmail_home.env, LISTEN_FDS="1")
+
+    def as_fd_3():
+        os.dup2(listener.fileno(), 3)
+        os.environ["LISTEN_PID"] = str(os.getpid())
+
+    # LISTEN_PID must be the server's own pid: a shell sets it, then execs the server.
+    server = QmqpServer(qmail_home, env=env, pass_fds=(listener.fileno(),))
+    server.proc = None
+    proc = subprocess.Popen(["sh", "-c", 'LISTEN_PID=$$ exec qmail-qmqpd'], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, pass_fds=(3,), preexec_fn=lambda: os.dup2(listener.fileno(), 3))
+    try:
+        line = proc.stderr.readline()
+        assert b"listening on " + path.encode() in line, line
+        listener.close()
+        assert ask(path, GOOD).startswith(b"Kok ")
+        assert not os.path.exists(os.path.join(qmail_home.path, "run", "qmqp.sock"))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        proc.stderr.close()
+    assert len(queued(qmail_home)) == 1
+
+
+def test_sigterm_stops_the_server_and_removes_its_socket(qmail_home):
+    server = QmqpServer(qmail_home).start()
+    assert os.path.exists(server.socket)
+    assert server.stop() == 0
+    assert not os.path.exists(server.socket)
+
+
+def test_queue_client_uses_the_server_only_without_queue_rights(qmail_home):
+    # the test's own account owns this home's queue (or is root): it queues itself
+    assert type(QueueClient(qmail_home.path, {})).__name__ == "ForkedQueue"
+
+
+def test_netstring_coding():
+    assert netstring(b"abc") == b"3:abc,"
+    assert request(b"m", b"s", [b"r"]) == b"12:1:m,1:s,1:r,,"
