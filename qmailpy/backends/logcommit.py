@@ -5,7 +5,7 @@ small files in queue/log/:
 
   lock    flock(2)ed exclusively around every append and every rotation
   sync    flock(2)ed exclusively by whoever is checking or making durability
-  commit  40 bytes, little-endian u64s:
+  commit  48 bytes, six little-endian u64s:
             [0]  head       number of the segment appends go to
             [8]  end        offset just after the last complete append in head
             [16] synced_seg \\ everything up to (synced_seg, synced_end) is on
