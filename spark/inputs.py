@@ -1,8 +1,9 @@
 """Finding, classifying and naming the audit's inputs (local paths or Hadoop URIs).
 
 Each INPUT argument is a file, a directory (every non-hidden file below it), a
-glob, or a qmail home (a local directory holding queue/, snapshotted on the
-spot). A `KIND:` prefix (log:, snapshot:, notqmail:, segment:) forces the kind;
+glob, or a qmail home (a local directory holding queue/: snapshotted on the
+spot, with its log-backend segments and the qmail-send log that `qmailctl
+start` writes in HOME/log, rotated files included, oldest first). A `KIND:` prefix (log:, snapshot:, notqmail:, segment:) forces the kind;
 otherwise the first bytes decide: '{' = snapshot JSON lines, '# qmail queue
 snapshot' = a notqmail text dump, a NUL byte = a log-backend segment, anything
 else = a qmail-send log. A gzip file (magic 1f 8b, as logrotate leaves rotated
@@ -138,7 +139,7 @@ def resolve(sc, specs, host_map):
         if not statuses:
             bad.append(BadInput("unreadable-path", target, "no such file or directory"))
             continue
-        for status in statuses:
+        for status in sorted(statuses, key=lambda s: s.getPath().toString()):
             found = []
             if status.isDirectory():
                 dir_name = status.getPath().getName()

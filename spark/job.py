@@ -12,6 +12,8 @@ from pyspark import StorageLevel
 from pyspark.sql import types as T
 
 from qmailpy import snapshot_format
+from qmailpy.ctl.daemons import SEND_LOG
+from qmailpy.ctl.logwriter import log_set
 from spark import inputs as inputs_mod
 from spark import logparse, messages, segments, snapshots, summaries, report
 
@@ -178,7 +180,8 @@ def _read_notqmail(sc, f, bad):
 
 
 def _home_inputs(f, opts):
-    """A qmail home as inputs: a snapshot taken now, and its log-backend segments."""
+    """A qmail home as inputs: a snapshot taken now, its log-backend segments, and
+    qmail-send's log as `qmailctl start` writes it (the rotated files, oldest first)."""
     directory = opts.home_snapshot_dir
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, "%s-%d.snapshot" % (f.host, f.order))
@@ -191,6 +194,9 @@ def _home_inputs(f, opts):
             if name.endswith(".seg"):
                 found.append(inputs_mod.InputFile(os.path.join(logdir, name), "segment",
                                                   f.host, f.order))
+    logs = log_set(os.path.join(f.path, "log"), SEND_LOG)
+    for i, path in enumerate(logs):      # after the home's other inputs, before the next argument's
+        found.append(inputs_mod.InputFile(path, "log", f.host, f.order + (i + 1) / (len(logs) + 1)))
     return found
 
 

@@ -18,6 +18,8 @@ import time
 
 import pytest
 
+from qmailpy.ctl.logwriter import log_set
+
 pyspark = pytest.importorskip("pyspark")
 
 from spark import job, synthetic  # noqa: E402
@@ -481,31 +483,54 @@ def _wait_log(path, predicate, timeout=60):
         inotify.close()
 
 
+def _in_log_set(logdir, needle):
+    """How often needle occurs in qmail-send's log and its rotated files."""
+    found = 0
+    for path in log_set(logdir, "qmail-send.log"):
+        try:
+            with open(path, errors="replace") as f:
+                found += f.read().count(needle)
+        except FileNotFoundError:       # rotated away meanwhile: counted again next time
+            return 0
+    return found
+
+
 def test_real_daemons_log_and_queue_audit_clean(spark, qmail_home, tmp_path):
+    """qmailctl start's log rotated by size (control/logsize at its 4096-byte floor) and
+    audited through the home: every rotated file is read, oldest first, with the queue."""
     home = qmail_home
     # remote mail to a port where nothing listens: deferred, left in the queue
     home.control("smtproutes", "closed.example:127.0.0.1:1\n")
+    home.control("logsize", "4096\n")
+    home.control("logcount", "5\n")
     start = home.run(["qmailctl", "start", "--home", home.path])
     assert start.returncode == 0, start.stderr
-    log = os.path.join(home.path, "log", "qmail-send.log")
+    logdir = os.path.join(home.path, "log")
+    log = os.path.join(logdir, "qmail-send.log")
+    count = 30
     try:
-        for i in range(3):
+        for i in range(count):
             done = home.queue_message(b"Subject: %d\n\nhello\n" % i, b"a@test.example",
                                       [b"r%d@closed.example" % i])
             assert done.returncode == 0, done.stderr
-        _wait_log(log, lambda text: text.count(": deferral: ") >= 3)
+            # one message at a time, so every file ends up holding whole messages' lines
+            _wait_log(log, lambda text, i=i: _in_log_set(logdir, ": deferral: ") > i)
     finally:
         stop = home.run(["qmailctl", "stop", "--home", home.path])
     assert stop.returncode == 0, stop.stderr
     _wait_log(log, lambda text: "status: exiting" in text)
-    result = _audit(spark, [home.path, log], tmp_path / "out",
-                    host_map=[(os.path.dirname(log), socket.gethostname())])
+    files = log_set(logdir, "qmail-send.log")
+    assert len(files) >= 3, files                 # rotated at least twice
+    assert all(os.path.getsize(p) <= 4096 for p in files[:-1])
+    assert all(os.stat(p).st_mode & 0o777 == 0o640 for p in files)
+    result = _audit(spark, [home.path], tmp_path / "out",
+                    host_map=[(home.path, socket.gethostname())])
     assert result.bad_inputs == []
     s = result.summary
-    assert s["messages"]["messages"] == 3 and s["messages"]["not_ended"] == 3
-    assert s["deliveries"]["by_channel"]["remote"]["deferral"] >= 3
-    # all three still queued: in the snapshot, hence noticed but no violation
-    assert result.findings_by_kind == {"never-ended": 3}
+    assert s["messages"]["messages"] == count and s["messages"]["not_ended"] == count
+    assert s["deliveries"]["by_channel"]["remote"]["deferral"] >= count
+    # all still queued: in the snapshot, hence noticed but no violation
+    assert result.findings_by_kind == {"never-ended": count}
     assert result.exit_code == 0
 
 

@@ -3,7 +3,8 @@
 start   runs `qmail-start DEFAULTDELIVERY` in the background. qmail-send's log
         (qmail-start's stdout) goes through a small log writer that prefixes
         each line with an ISO-8601 UTC timestamp and appends it to
-        HOME/log/qmail-send.log. The pid of qmail-send (qmail-start execs into
+        HOME/log/qmail-send.log, rotated by size (qmailpy/ctl/logwriter.py,
+        control/logsize and control/logcount). The pid of qmail-send (qmail-start execs into
         it) goes to HOME/log/qmail-send.pid. With --smtp HOST:PORT it also
         runs `qmail-smtpd-listen HOST:PORT`, logging to HOME/log/qmail-smtpd.log.
         First of all it starts the queue server qmail-qmqpd (log
@@ -42,34 +43,6 @@ def add_arguments(parser, name):
     elif name == "stop":
         parser.add_argument("--timeout", type=float, default=STOP_TIMEOUT,
                             help="seconds to wait for the daemons to exit")
-
-
-# --- the log writer (runs as its own process) ---------------------------------
-
-def iso_now():
-    t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%06dZ" % int((t % 1) * 1e6)
-
-
-def write_log(path, infd=0):
-    """Copy lines from infd to path, each prefixed with an ISO-8601 UTC timestamp."""
-    out = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    pending = b""
-    while True:
-        try:
-            data = os.read(infd, 65536)
-        except InterruptedError:
-            continue
-        if not data:
-            break
-        lines = (pending + data).split(b"\n")
-        pending = lines.pop()
-        if lines:
-            stamp = iso_now().encode() + b" "
-            os.write(out, b"".join(stamp + line + b"\n" for line in lines))
-    if pending:
-        os.write(out, iso_now().encode() + b" " + pending + b"\n")
-    return 0
 
 
 # --- helpers ------------------------------------------------------------------
@@ -156,7 +129,9 @@ def _start_qmqpd(home, logdir, env):
 def _spawn_logged(argv, env, logpath, cwd="/"):
     """Start argv in its own session with stdout/stderr through a log writer; its pid."""
     log_r, log_w = os.pipe()
-    writer = subprocess.Popen([sys.executable, "-m", "qmailpy.ctl.daemons", "--write-log", logpath],
+    from qmailpy.ctl.logwriter import limits
+    size, count = limits(env["QMAILHOME"])
+    writer = subprocess.Popen([sys.executable, "-m", "qmailpy.ctl.logwriter", logpath, str(size), str(count)],
                               stdin=log_r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True, env=env, cwd="/")
     try:
@@ -355,8 +330,3 @@ def run(args):
         return queue(args)
     raise ValueError(command)
 
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--write-log":
-        sys.exit(write_log(sys.argv[2]))
-    sys.exit(2)

@@ -1,0 +1,163 @@
+"""The log writer behind `qmailctl start`: stamps each line and rotates by size.
+
+It reads a daemon's output on fd 0 and appends each line, prefixed with an
+ISO-8601 UTC timestamp, to HOME/log/NAME.log (mode 0640: the log holds every
+envelope address). Like multilog, it never lets the log grow without bound:
+when the next lines would take the current file past control/logsize bytes, it
+fsyncs the file, renames it to NAME.@STAMP.log (STAMP the UTC time of the
+rotation, so names sort oldest first and before the current NAME.log) and
+starts a new one, keeping the newest control/logcount rotated files and
+deleting older ones. Lines are never split across files.
+"""
+import calendar
+import os
+import time
+
+from qmailpy.fileio import write_all
+
+LOG_MODE = 0o640
+SIZE_CONTROL = "logsize"
+COUNT_CONTROL = "logcount"
+DEFAULT_SIZE = 10 * 1024 * 1024
+DEFAULT_COUNT = 10
+MIN_SIZE = 4096
+
+
+def iso_now(t=None):
+    t = time.time() if t is None else t
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%06dZ" % int((t % 1) * 1e6)
+
+
+def rotated_name(name, t):
+    """NAME.log rotated at time t: NAME.@YYYYMMDDTHHMMSS.ffffffZ.log."""
+    stem = name[:-len(".log")] if name.endswith(".log") else name
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t)) + ".%06dZ" % int((t % 1) * 1e6)
+    return "%s.@%s.log" % (stem, stamp)
+
+
+def _stamp_time(rotated):
+    """The time a rotated name carries, one microsecond on (0 when unreadable)."""
+    try:
+        stamp = rotated.rsplit(".@", 1)[1][:-len("Z.log")]
+        whole, micro = stamp.split(".")
+        return calendar.timegm(time.strptime(whole, "%Y%m%dT%H%M%S")) + (int(micro) + 1) / 1e6
+    except (IndexError, ValueError):
+        return 0
+
+
+def log_set(logdir, name):
+    """Paths of NAME.log's rotated files, oldest first, then NAME.log itself if present."""
+    stem = name[:-len(".log")] if name.endswith(".log") else name
+    prefix = stem + ".@"
+    try:
+        names = os.listdir(logdir)
+    except FileNotFoundError:
+        return []
+    found = sorted(n for n in names if n.startswith(prefix) and n.endswith(".log"))
+    if name in names:
+        found.append(name)
+    return [os.path.join(logdir, n) for n in found]
+
+
+def read_number(path, default, minimum):
+    """The decimal number on the first line of a control file; default when absent or bad."""
+    try:
+        with open(path, "rb") as f:
+            value = int(f.read(64).split(b"\n", 1)[0].strip())
+    except (OSError, ValueError):
+        return default
+    return max(value, minimum) if value > 0 else default
+
+
+def limits(home):
+    """(size, count) from HOME/control/logsize and HOME/control/logcount."""
+    control = os.path.join(home, "control")
+    return (read_number(os.path.join(control, SIZE_CONTROL), DEFAULT_SIZE, MIN_SIZE),
+            read_number(os.path.join(control, COUNT_CONTROL), DEFAULT_COUNT, 1))
+
+
+class RotatingLog:
+    def __init__(self, path, size=DEFAULT_SIZE, count=DEFAULT_COUNT):
+        self.path, self.size, self.count = path, size, count
+        self.logdir, self.name = os.path.split(path)
+        self._open()
+
+    def _open(self):
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, LOG_MODE)
+        st = os.fstat(self.fd)
+        if st.st_uid == os.geteuid() and st.st_mode & 0o777 != LOG_MODE:
+            os.fchmod(self.fd, LOG_MODE)     # an older, world-readable log
+        self.length = st.st_size
+
+    def write_lines(self, lines):
+        """Append whole lines (each ending in a newline), rotating between lines so
+        no file passes the size limit unless one line alone does."""
+        batch, batch_length = [], 0
+        for line in lines:
+            if self.length + batch_length + len(line) > self.size and self.length + batch_length:
+                self._write(b"".join(batch))
+                batch, batch_length = [], 0
+                if self.length:
+                    self.rotate()
+            batch.append(line)
+            batch_length += len(line)
+        if batch:
+            self._write(b"".join(batch))
+
+    def _write(self, data):
+        write_all(self.fd, data)
+        self.length += len(data)
+
+    def rotate(self):
+        os.fsync(self.fd)
+        os.close(self.fd)
+        rotated = log_set(self.logdir, self.name)[:-1]
+        newest = os.path.basename(rotated[-1]) if rotated else ""
+        t = time.time()
+        # never onto an existing name (two rotations in one microsecond), never
+        # sorting before an older file (a clock stepped back)
+        while rotated_name(self.name, t) <= newest:
+            t = max(t + 1e-6, _stamp_time(newest))
+        os.rename(self.path, os.path.join(self.logdir, rotated_name(self.name, t)))
+        self._open()
+        for old in log_set(self.logdir, self.name)[:-1][:-self.count]:
+            try:
+                os.unlink(old)
+            except FileNotFoundError:
+                pass
+
+    def close(self):
+        os.close(self.fd)
+
+
+def write_log(path, infd=0, size=DEFAULT_SIZE, count=DEFAULT_COUNT):
+    """Copy lines from infd to path (rotating), each prefixed with an ISO-8601 UTC timestamp."""
+    out = RotatingLog(path, size, count)
+    pending = b""
+    while True:
+        try:
+            data = os.read(infd, 65536)
+        except InterruptedError:
+            continue
+        if not data:
+            break
+        lines = (pending + data).split(b"\n")
+        pending = lines.pop()
+        if lines:
+            stamp = iso_now().encode() + b" "
+            out.write_lines([stamp + line + b"\n" for line in lines])
+    if pending:
+        out.write_lines([iso_now().encode() + b" " + pending + b"\n"])
+    out.close()
+    return 0
+
+
+def main(argv):
+    """python -m qmailpy.ctl.logwriter PATH [SIZE COUNT]"""
+    size, count = (int(argv[2]), int(argv[3])) if len(argv) == 4 else (DEFAULT_SIZE, DEFAULT_COUNT)
+    return write_log(argv[1], 0, size, count)
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main(sys.argv))
