@@ -4,9 +4,19 @@ The header is the lines up to the first empty line, or up to the first line
 that is neither "name:" nor a continuation (space/tab); in that case a blank
 line is inserted before it. A "From " line becomes "MBOX-Line: From ...".
 """
-import re
 
-_NAME = re.compile(rb"([\x21-\x39\x3b-\x7e]+)[ \t]*:")
+def field_name(line):
+    """The name of a header line "NAME[ \t]*:..." (NAME: bytes 0x21-0x7e but ':'), or None.
+
+    Written out rather than as a regular expression: importing re costs sendmail,
+    which runs once per message, about 4 ms."""
+    colon = line.find(b":")
+    if colon <= 0:
+        return None
+    name = line[:colon].rstrip(b" \t")
+    if not name or not name.isascii() or any(c <= 0x20 or c == 0x7f for c in name):
+        return None
+    return name
 
 # Fields whose addresses are reparsed and rewritten, by kind.
 RECIPIENT_FIELDS = {b"to", b"cc", b"bcc", b"apparently-to"}
@@ -59,11 +69,11 @@ def read_header(stream):
             continue
         if line.startswith(b"From "):
             line = b"MBOX-Line: " + line
-        m = _NAME.match(line)
-        if m is None:
+        name = field_name(line)
+        if name is None:
             header.body_start = line
             break
-        current = Field(m.group(1), line if line.endswith(b"\n") else line + b"\n")
+        current = Field(name, line if line.endswith(b"\n") else line + b"\n")
         header.fields.append(current)
     return header
 
