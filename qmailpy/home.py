@@ -76,3 +76,16 @@ def control_me_default(home, name):
     if value is None:
         value = control_value(home, "me")
     return value if value is not None else name.encode()
+
+
+def has_queue_rights(home):
+    """May this process write the queue itself? Root (qmail-queue's code then becomes
+    qmailq) or the owner of HOME/queue (qmailq, or the one account of a single-user
+    home). A queue that cannot be stat'd counts as ours: qmail-queue reports it."""
+    euid = os.geteuid()
+    if euid == 0:
+        return True
+    try:
+        return os.stat(os.path.join(home, "queue")).st_uid == euid
+    except OSError:
+        return True

@@ -31,8 +31,7 @@ def _relay(home):
 
 
 def main():
-    from qmailpy.home import qmail_home
-    from qmailpy.queue.client import has_queue_rights
+    from qmailpy.home import has_queue_rights, qmail_home
     home = qmail_home()
     if has_queue_rights(home):
         from qmailpy.queue.qmailqueue import run

@@ -24,7 +24,7 @@ alone until finish() returns.
 QueueStartError (an OSError) means no child could be started (pipe/fork
 failure): qmail-smtpd answers `451 qqt failure (#4.3.0)`.
 
-Without queue rights (has_queue_rights: not root, not the owner of the queue)
+Without queue rights (home.has_queue_rights: not root, not the owner of the queue)
 no child is forked: QueueClient returns a ServerSubmission, which holds the
 message and hands it to qmail-qmqpd over the local socket SOCKET in one QMQP
 request (qmailpy.queue.qmqp) at finish(). The server queues it for the uid the
@@ -39,6 +39,7 @@ Imports are kept to os and sys: this module is loaded by every injector.
 import os
 
 from qmailpy.fileio import write_all
+from qmailpy.home import has_queue_rights
 
 _BUFFER = 65536
 
@@ -110,19 +111,6 @@ class Result:
 
     def __repr__(self):
         return "Result(code=%r, pid=%r, text=%r)" % (self.code, self.pid, self.text)
-
-
-def has_queue_rights(home):
-    """May this process write the queue itself? Root (qmail-queue's code then becomes
-    qmailq) or the owner of HOME/queue (qmailq, or the one account of a single-user
-    home). A queue that cannot be stat'd counts as ours: qmail-queue reports it."""
-    euid = os.geteuid()
-    if euid == 0:
-        return True
-    try:
-        return os.stat(os.path.join(home, "queue")).st_uid == euid
-    except OSError:
-        return True
 
 
 def QueueClient(home, environ=None):
