@@ -64,6 +64,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogRunners, LogReaders, Que
         self.last_checkpoint = 0
         self.recovered = False
         self.flusher = None           # (cursor, stop) of a run_all_now() sweep
+        self.flush_again = False      # a SIGALRM came during that sweep: sweep once more
         self.to_clean = []            # finished messages whose mess/ file goes after the next fsync
 
     def _write_snapshot(self, a, type=R.REPLACEMENT, ended=(), now=None):

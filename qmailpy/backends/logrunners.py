@@ -105,10 +105,22 @@ class LogRunners:
         """SIGALRM (docs/qmail-send.md "Signals"): offer every queued channel now, whatever its schedule.
 
         A sweep from the oldest segment to the present tail, offering at most
-        FLUSH_IN_FLIGHT messages at a time so memory stays bounded."""
+        FLUSH_IN_FLIGHT messages at a time so memory stays bounded. A signal that
+        arrives during a sweep does not restart it (signals faster than a sweep of
+        a large log would then never let it reach the later messages): it asks
+        for one more sweep once this one ends."""
+        if self.flusher is not None:
+            self.flush_again = True
+            return
         segments = self._segments()
         if segments:
             self.flusher = (Cursor(self, (segments[0], R.HEADER_SIZE)), self._tail())
+
+    def _flush_done(self):
+        self.flusher = None
+        if self.flush_again:
+            self.flush_again = False
+            self.run_all_now()
 
     def _flush(self, now, found):
         cur, stop = self.flusher
@@ -116,11 +128,11 @@ class LogRunners:
             if len(self.active) >= FLUSH_IN_FLIGHT:
                 return
             if cur.pos >= stop:
-                self.flusher = None
+                self._flush_done()
                 return
             head = cur.peek_schedule()
             if head is None:
-                self.flusher = None
+                self._flush_done()
                 return
             type, flags, _, n, dues, length = head
             if (dues is not None and n not in self.active and cur.pos not in self.garbage
