@@ -15,15 +15,12 @@ made for it is removed before the answer (or the close).
 TCP clients are checked against control/qmqpclients (tcprules' source format,
 qmailpy.smtpd.listener.Rules) before any fork; a denied one is closed unanswered.
 """
-import errno
-import gc
 import os
-import select
-import signal
 import socket
 import struct
 import time
 
+from qmailpy.forkserver import REFUSED, ForkingServer
 from qmailpy.queue.client import explain
 from qmailpy.queue.qmqp import netstring
 
@@ -209,120 +206,28 @@ def handle(home, conn, uid, timeout):
     return 0 if code == 0 else 1
 
 
-class Server:
-    """The accept loop: fork one child per connection, at most `limit` at once."""
+class Server(ForkingServer):
+    """qmail-qmqpd's accept loop (qmailpy.forkserver): one child per request."""
 
     def __init__(self, home, local=None, tcp=None, tcp_uid=None, rules=None,
                  limit=DEFAULT_LIMIT, timeout=DEFAULT_TIMEOUT, warn=None):
+        super().__init__([s for s in (local, tcp) if s is not None], limit)
         self.home = home
         self.local, self.tcp, self.tcp_uid = local, tcp, tcp_uid
         self.rules, self.warn = rules, warn
-        self.limit, self.timeout = limit, timeout
-        self.listening = [s for s in (local, tcp) if s is not None]
-        for sock in self.listening:
-            sock.setblocking(False)
-        self.children = set()
-        self._stop = False
+        self.timeout = timeout
 
-    def _on_term(self, signum, frame):
-        self._stop = True
-
-    def serve(self, ready=None):
-        """Accept until SIGTERM/SIGINT; ready() runs once the signal handlers are set."""
-        wake_r, wake_w = os.pipe()
-        os.set_blocking(wake_r, False)
-        os.set_blocking(wake_w, False)
-        self._wake = (wake_r, wake_w)
-        old_wakeup = signal.set_wakeup_fd(wake_w)
-        signal.signal(signal.SIGCHLD, lambda s, f: None)
-        signal.signal(signal.SIGTERM, self._on_term)
-        signal.signal(signal.SIGINT, self._on_term)
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        gc.freeze()              # pages shared with every child stay shared
-        try:
-            if ready is not None:
-                ready()
-            while not self._stop:
-                self._reap()
-                wanted = [wake_r]
-                if len(self.children) < self.limit:
-                    wanted += self.listening
-                try:
-                    readable, _, _ = select.select(wanted, [], [])
-                except InterruptedError:
-                    continue
-                if wake_r in readable:
-                    try:
-                        while os.read(wake_r, 512):
-                            pass
-                    except BlockingIOError:
-                        pass
-                for sock in self.listening:
-                    if sock in readable:
-                        while (not self._stop and len(self.children) < self.limit
-                               and self._accept(sock)):
-                            pass
-        finally:
-            signal.set_wakeup_fd(old_wakeup)
-            os.close(wake_r)
-            os.close(wake_w)
-            for sock in self.listening:
-                sock.close()
-        return 0
-
-    def _reap(self):
-        while self.children:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                self.children.clear()
-                return
-            if pid == 0:
-                return
-            self.children.discard(pid)
-
-    def _accept(self, sock):
-        """Accept and fork one connection; False when none was waiting."""
-        try:
-            conn, remote = sock.accept()
-        except OSError as e:
-            if e.errno in (errno.EAGAIN, errno.ECONNABORTED, errno.EINTR, errno.EMFILE,
-                           errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                return False
-            raise
+    def admit(self, sock, conn, remote):
+        """The uid to queue for: qmaild's for an allowed TCP client, else the peer's."""
         if sock is self.tcp:
-            uid = self.tcp_uid
-            if not self._allowed(remote[0]):
-                conn.close()
-                return True
-        else:
-            try:
-                uid = peer_uid(conn)
-            except OSError:
-                conn.close()
-                return True
+            return self.tcp_uid if self._allowed(remote[0]) else REFUSED
         try:
-            pid = os.fork()
+            return peer_uid(conn)
         except OSError:
-            conn.close()
-            return False
-        if pid == 0:
-            code = 111
-            try:
-                signal.set_wakeup_fd(-1)
-                for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
-                    signal.signal(s, signal.SIG_DFL)
-                for fd in self._wake:
-                    os.close(fd)
-                for listening in self.listening:
-                    listening.close()
-                conn.setblocking(True)
-                code = handle(self.home, conn, uid, self.timeout)
-            finally:
-                os._exit(code)
-        self.children.add(pid)
-        conn.close()
-        return True
+            return REFUSED
+
+    def child(self, sock, conn, remote, uid):
+        return handle(self.home, conn, uid, self.timeout)
 
     def _allowed(self, ip):
         if self.rules is None:
