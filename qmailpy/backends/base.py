@@ -147,7 +147,9 @@ class QueueBackend(ABC):
 
     @abstractmethod
     def finish_channel(self, n, channel):
-        """Every recipient of the channel is done: drop the channel."""
+        """Every recipient of the channel is done: drop the channel. Returns the
+        names of the channels left (as channels_left() would have, just before a
+        backend may let go of a message whose other channels wait for a retry)."""
 
     @abstractmethod
     def reschedule(self, n, channel, when):

@@ -430,6 +430,7 @@ class DirQueue(QueueBackend):
             os.unlink(self._path(rel))
         except OSError:
             raise QueueError("unable to unlink %s; will try again later" % rel)
+        return self.channels_left(n)
 
     def reschedule(self, n, channel, when):
         # qmail keeps the schedule in memory and writes it at exit; writing it

@@ -210,7 +210,9 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogRunners, LogReaders, Que
         a.offered.discard(channel)
         if not a.channels:
             a.offered.add(None)                  # qmail-send schedules completion next
-        self._settle(a)
+        left = [c for c in CHANNELS if c in a.channels]
+        self._settle(a)                          # out of flight if the others wait for a retry
+        return left
 
     def reschedule(self, n, channel, when):
         """Write the REPLACEMENT: the runners offer it again at `when`."""

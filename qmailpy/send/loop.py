@@ -425,16 +425,13 @@ class QmailSend:
         self.jobs_open -= 1
         if job.hiteof and job.numtodo == 0:
             try:
-                self.backend.finish_channel(job.n, ch.name)
+                left = self.backend.finish_channel(job.n, ch.name)
             except QueueError as e:
                 self.warn(str(e))
                 ch.schedule(int(time.time()) + SLEEP_SYSFAIL, job.n)
                 return
-            try:
-                if self.backend.channels_left(job.n):
-                    return
-            except QueueError as e:
-                self.warn(str(e))
+            if left:
+                return
             heapq.heappush(self.pqdone, (int(time.time()), job.n))
             return
         try:
