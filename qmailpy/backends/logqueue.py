@@ -66,6 +66,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogRunners, LogReaders, Que
         self.flusher = None           # (cursor, stop) of a run_all_now() sweep
         self.flush_again = False      # a SIGALRM came during that sweep: sweep once more
         self.to_clean = []            # finished messages whose mess/ file goes after the next fsync
+        self.replayed_clean = []      # FINISHes replayed by recovery: cleaned once no qmail-queue runs
 
     def _write_snapshot(self, a, type=R.REPLACEMENT, ended=(), now=None):
         now = _now() if now is None else now

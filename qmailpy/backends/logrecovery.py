@@ -16,6 +16,7 @@ queue/log/quarantine/ and reported. Passes that were in flight (START without a
 REPLACEMENT or FINISH) are reconciled: a REPLACEMENT with their remaining
 recipients due now. It never reads the rest of the queue.
 """
+import fcntl
 import json
 import os
 
@@ -56,6 +57,7 @@ class LogRecovery:
         if cp is None:
             replay = first
             self.live, self.pending_new = {}, {}
+            self.replayed_clean = []
             runner_pos = [first] * len(self.runner_lags)
             carried = {}
         else:
@@ -66,6 +68,7 @@ class LogRecovery:
             runner_pos = (saved + [replay] * len(self.runner_lags))[:len(self.runner_lags)]
             carried = {int(k): (tuple(v[0]), tuple(v[1]) if v[1] else None, v[2])
                        for k, v in cp["active"].items()}
+            self.replayed_clean = list(cp.get("clean", ()))
         start = min([replay] + [d for _, d, _ in carried.values() if d])
         self.active = {}
         for n, (snap, _, passes) in carried.items():
@@ -126,8 +129,8 @@ class LogRecovery:
             # Numbers are mess/ inodes: an ENVELOPE after a FINISH of the same number is
             # a new message on the inode freed by that FINISH's clean, so mess/S/n is its
             # body now and must not be cleaned for the old one.
-            if n in self.to_clean:
-                self.to_clean = [m for m in self.to_clean if m != n]
+            if n in self.replayed_clean:
+                self.replayed_clean = [m for m in self.replayed_clean if m != n]
             self._count(rec.pos, 1)              # its PREPROCESSED, if any, follows and uncounts it
             if not self._flagged_garbage(rec.flags, rec.pos, rec.length):
                 self.pending_new[n] = rec.pos
@@ -147,7 +150,7 @@ class LogRecovery:
         elif t == R.FINISH:
             self._supersede(rec.prev)
             self.active.pop(n, None)
-            self.to_clean.append(n)              # the crash may have come before its unlink
+            self.replayed_clean.append(n)        # the crash may have come before its unlink
         elif t == R.START:
             a = self.active.get(n)
             if a is None or a.snap != rec.snapshot:
@@ -218,6 +221,7 @@ class LogRecovery:
                 # restart replays these FINISH records and cleans their bodies then.
                 self.to_clean = cleaning[i:] + self.to_clean
                 raise
+        self._clean_replayed()
         for r in self.runners:
             r.cursor.invalidate()
         self.new_cursor.invalidate()
@@ -232,6 +236,40 @@ class LogRecovery:
             self._warn("trouble writing log checkpoint: %s" % e.strerror)
 
 
+    def _clean_replayed(self):
+        """Clean the bodies of FINISHes that recovery replayed, unless reused.
+
+        The crash may have come after such a body was unlinked, and its number (an
+        inode) may then belong to a new message: one whose qmail-queue has written
+        mess/S/n but not yet appended its ENVELOPE. Every qmail-queue holds a shared
+        flock on queue/ for its whole run; holding it exclusively (without waiting:
+        a slow submission must not stall qmail-send) means none is half way, so an
+        ENVELOPE read now names every number in new use. Not possible now: the next
+        checkpoint tries again."""
+        if not self.replayed_clean:
+            return
+        try:
+            fd = os.open(self.queue, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return
+            self._scan_new()
+            cleaning = [n for n in self.replayed_clean
+                        if n not in self.pending_new and n not in self.active]
+            self.replayed_clean = []
+            for i, n in enumerate(cleaning):
+                try:
+                    self._clean(n)
+                except CleanerLost:
+                    self.replayed_clean = cleaning[i:]
+                    raise
+        finally:
+            os.close(fd)
+
     def _write_checkpoint(self, replay):
         runners = [list(r.restart_pos()) for r in self.runners]
         body = json.dumps({
@@ -240,6 +278,7 @@ class LogRecovery:
             "pending": {str(n): list(p) for n, p in self.pending_new.items()},
             "active": {str(n): [list(a.snap), list(a.delta_start) if a.delta_start else None,
                                 sorted(a.passes)] for n, a in self.active.items()},
+            "clean": self.replayed_clean,
         }, separators=(",", ":")).encode()
         data = body + b" %d\n" % R.crc32c(body)
         tmp = os.path.join(self.logdir, CHECKPOINT + ".tmp")
