@@ -7,7 +7,14 @@ ignored; a role that is not listed (or a missing file) uses qmail's own name:
 
     alias:alias      qmaild:qmaild    qmaill:qmaill    qmailp:qmailp
     qmailq:qmailq    qmailr:qmailr    qmails:qmails
-    qmail:qmail      nofiles:nofiles          (the two group roles)
+    qmail:qmail      nofiles:nofiles  qmaillog:qmaillog   (the group roles)
+
+qmaillog is the group of the log backend's files (queue/log): qmail-queue's code
+(as qmailq) and qmail-send (as qmails) both append there, and qmail's own
+group qmail will not do because qmailr holds it (to read mess/) while it talks
+to remote servers. Both get qmaillog as a supplementary group when they switch.
+A roles file that does not name it (a home made before it existed) uses the
+qmail group for it, as such homes always did.
 
 A single-user home (``qmailctl init --user NAME``) lists NAME for every user
 role and NAME's primary group for both group roles. Started as root, every
@@ -22,7 +29,7 @@ passwd/group databases at run time, as qmail-lspawn and qmail-getpw do):
     load_roles(home)                 {role: name} from control/roles (defaults filled in)
     write_roles(home, roles)         write control/roles
     account(home, role)              Account(name, uid, gid, dir) of a user role
-    group_id(home, group_role)       gid of 'qmail' or 'nofiles'
+    group_id(home, group_role)       gid of 'qmail', 'nofiles' or 'qmaillog'
     role_uids(home, roles=...)       {role: uid} for the roles whose account exists
     single_user(roles)               the one account of a single-user home, else None
     uid_of_name(name), gid_of_name(name)   ids of an account / group (PrivError if none)
@@ -37,7 +44,7 @@ failed) and its subclass RootRefused (the account is uid 0).
 import os
 
 USER_ROLES = ("alias", "qmaild", "qmaill", "qmailp", "qmailq", "qmailr", "qmails")
-GROUP_ROLES = ("qmail", "nofiles")
+GROUP_ROLES = ("qmail", "nofiles", "qmaillog")
 ROLES_FILE = "control/roles"
 
 # The group each user role runs with (docs/protocols.md "qmail-start": qmail-start gives qmaill the
@@ -45,6 +52,8 @@ ROLES_FILE = "control/roles"
 ROLE_GROUP = {"qmaill": "nofiles", "qmailp": "nofiles"}
 # Roles whose own supplementary groups are added (qmail-rspawn: "qmail + qmailr's groups").
 KEEPS_OWN_GROUPS = ("qmailr",)
+# Roles that write the log backend's files (see the module docstring).
+LOG_WRITERS = ("qmailq", "qmails")
 
 
 class PrivError(Exception):
@@ -100,6 +109,7 @@ def load_roles(home):
         return roles
     except OSError as e:
         raise PrivError("unable to read %s: %s" % (ROLES_FILE, e.strerror)) from e
+    named = set()
     for line in data.decode("utf-8", "surrogateescape").split("\n"):
         line = line.strip()
         if not line or line.startswith("#") or ":" not in line:
@@ -108,11 +118,14 @@ def load_roles(home):
         role, name = role.strip(), name.strip()
         if role in roles and name:
             roles[role] = name
+            named.add(role)
+    if "qmaillog" not in named:
+        roles["qmaillog"] = roles["qmail"]
     return roles
 
 
 def write_roles(home, roles):
-    lines = ["# role:account (user roles) and role:group (qmail, nofiles); see qmailpy.privs\n"]
+    lines = ["# role:account (user roles) and role:group (qmail, nofiles, qmaillog); see qmailpy.privs\n"]
     for role in USER_ROLES + GROUP_ROLES:
         lines.append("%s:%s\n" % (role, roles[role]))
     path = os.path.join(home, ROLES_FILE)
@@ -226,6 +239,13 @@ def become(home, role, roles=None):
         return False
     gid = group_id(home, ROLE_GROUP.get(role, "qmail"), roles)
     groups = [gid]
+    if role in LOG_WRITERS:
+        try:
+            log_gid = group_id(home, "qmaillog", roles)
+        except PrivError:
+            log_gid = gid                   # no such group here: the log files have group qmail
+        if log_gid not in groups:
+            groups.append(log_gid)
     if role in KEEPS_OWN_GROUPS:
         groups += [g for g in os.getgrouplist(acct.name, acct.gid) if g not in groups]
     switch_to(acct.uid, gid, groups)

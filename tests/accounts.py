@@ -1,6 +1,6 @@
 """qmail's real accounts, for the tests that check who may do what (root only).
 
-ensure_accounts() creates, when missing, the groups qmail and nofiles and the
+ensure_accounts() creates, when missing, the groups qmail, nofiles and qmaillog and the
 accounts of qmail's INSTALL.ids (alias, qmaild, qmaill, qmailp with group nofiles;
 qmailq, qmailr, qmails with group qmail), no home, no shell, plus two ordinary
 users: `qtuser` and `qtweb` (a web server's account, as www-data is). They stay
@@ -16,7 +16,7 @@ import subprocess
 
 from conftest import QmailHome, VENV_BIN
 
-QMAIL_GROUPS = ("qmail", "nofiles")
+QMAIL_GROUPS = ("qmail", "nofiles", "qmaillog")
 QMAIL_USERS = (("alias", "nofiles"), ("qmaild", "nofiles"), ("qmaill", "nofiles"),
                ("qmailp", "nofiles"), ("qmailq", "qmail"), ("qmailr", "qmail"),
                ("qmails", "qmail"))

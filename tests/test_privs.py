@@ -41,6 +41,15 @@ def test_defaults_are_qmails_names(tmp_path):
     assert privs.single_user(roles) is None
 
 
+def test_a_roles_file_without_qmaillog_keeps_the_log_files_in_group_qmail(tmp_path):
+    (tmp_path / "control").mkdir()
+    (tmp_path / "control" / "roles").write_text("qmailq:daemon\nqmail:daemon\nnofiles:nogroup\n")
+    roles = privs.load_roles(str(tmp_path))
+    assert roles["qmaillog"] == roles["qmail"] == "daemon"
+    (tmp_path / "control" / "roles").write_text("qmail:daemon\nqmaillog:adm\n")
+    assert privs.load_roles(str(tmp_path))["qmaillog"] == "adm"
+
+
 def test_roles_file_round_trip(qmail_home):
     roles = privs.load_roles(qmail_home.path)
     assert {roles[r] for r in privs.USER_ROLES} == {qmail_home.user}

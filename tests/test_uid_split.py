@@ -155,9 +155,6 @@ def test_every_process_runs_as_its_account_in_every_slot(live):
             assert not {0, uid("qmailq")} & set(ids(pid)["Uid"]), (name, ids(pid))
 
 
-@pytest.mark.xfail(strict=True, reason="queue/log is 2770 qmailq:qmail so that qmail-queue (qmailq) and "
-                   "qmail-send (qmails) can both append, and qmail-rspawn/qmail-remote (qmailr) hold group "
-                   "qmail to read mess/: the log's writers need a group of their own")
 def test_no_network_process_holds_a_group_that_may_write_queue_state(live):
     home, procs = live
     forbidden = queue_writing_groups(home)

@@ -48,6 +48,13 @@ def choose_roles(home, user):
     roles = privs.default_roles()
     for role in privs.USER_ROLES:
         privs.uid_of_name(roles[role])
+    try:
+        privs.gid_of_name(roles["qmaillog"])
+    except privs.PrivError:
+        # a system set up for qmail alone: its files keep group qmail, which qmailr holds too
+        print("qmailctl init: warning: no group qmaillog; the log backend's files get group qmail, "
+              "which qmail-rspawn holds too (create it: groupadd --system qmaillog)", file=sys.stderr)
+        roles["qmaillog"] = roles["qmail"]
     for group in privs.GROUP_ROLES:
         privs.gid_of_name(roles[group])
     return roles
