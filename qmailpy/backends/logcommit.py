@@ -5,15 +5,25 @@ small files in queue/log/:
 
   lock    flock(2)ed exclusively around every append and every rotation
   sync    flock(2)ed exclusively by whoever is checking or making durability
-  commit  48 bytes, six little-endian u64s:
+  commit  56 bytes, seven little-endian u64s:
             [0]  head       number of the segment appends go to
             [8]  end        offset just after the last complete append in head
             [16] synced_seg \\ everything up to (synced_seg, synced_end) is on
             [24] synced_end /  disk (fsync'd); compared as a pair
             [32] fsyncs     how many commit fsyncs were made (for benchmarks)
             [40] rotations  how many rotations (each one fsync) were made
-          head/end/rotations are only read or written under `lock`, synced_*
+            [48] boot       the boot (kernel boot_id) that wrote head/end
+          head/end/rotations/boot are only read or written under `lock`, synced_*
           and fsyncs only under `sync`, so no reader ever sees a torn value.
+
+The commit word is written with pwrite and never fsync'd: within one boot the page
+cache makes it exact. After a power cut it may be older than the segments, which
+are fsync'd, so the first appender of a new boot (its boot id differs from the
+word's) does not trust it: head becomes the newest segment, end the offset after
+its last checksum-valid record (what a torn append left beyond is cut off), and the
+word is rewritten with this boot's id. Trusting a stale end would truncate records
+that were acknowledged; a stale head would let rotation replace a segment. Rotation
+never truncates an existing segment (O_EXCL).
 
 Append (under `lock`): if the head segment is longer than `end` a previous
 appender died mid-write, so cut it back to `end`; write the record at `end`;
@@ -36,14 +46,24 @@ import fcntl
 import os
 import struct
 
-from qmailpy.backends.logrecords import HEADER_SIZE, segment_header
+from qmailpy.backends.logrecords import HEADER_SIZE, segment_header, valid_end
 from qmailpy.fileio import fsync_dir
 
 LOG_DIR = "log"
 SEGMENT_LIMIT = 64 * 1024 * 1024
 SEGMENT_LIMIT_CONTROL = "logsegmentsize"
 MIN_SEGMENT_LIMIT = 4096
-_COMMIT = struct.Struct("<QQQQQQ")
+_COMMIT = struct.Struct("<QQQQQQQ")
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id():
+    """This boot's id as a u64 (the first 16 hex digits of the kernel's boot_id; never 0)."""
+    try:
+        with open(BOOT_ID, "rb") as f:
+            return int(f.read(36).replace(b"-", b"")[:16], 16) or 1
+    except (OSError, ValueError):
+        return 1
 COMMIT_SIZE = _COMMIT.size
 FILE_MODE = 0o660
 
@@ -142,6 +162,28 @@ class LogWriter:
     def _write_head(self, head, end):
         os.pwrite(self.commit_fd, struct.pack("<QQ", head, end), 0)
 
+    def _this_boot(self, commit):
+        """(head, end) to append at, under `lock`: the word's own within the boot that
+        wrote it; in a new boot, the true end recovered from the segments (see above)."""
+        boot = boot_id()
+        if commit[6] == boot:
+            return commit[0], commit[1]
+        segments = list_segments(self.logdir)
+        head = segments[-1] if segments else 0
+        end = HEADER_SIZE
+        if head:
+            fd = self.segment_fd(head)
+            data = os.pread(fd, os.fstat(fd).st_size, 0)
+            end = valid_end(data) if len(data) >= HEADER_SIZE else HEADER_SIZE
+            if len(data) < HEADER_SIZE:
+                os.pwrite(fd, segment_header(head), 0)
+                os.fsync(fd)
+            elif len(data) != end:
+                os.ftruncate(fd, end)
+        self._write_head(head, end)
+        os.pwrite(self.commit_fd, struct.pack("<Q", boot), 48)
+        return head, end
+
     def _write_rotations(self, count):
         os.pwrite(self.commit_fd, struct.pack("<Q", count), 40)
 
@@ -149,10 +191,9 @@ class LogWriter:
         os.pwrite(self.commit_fd, struct.pack("<QQQ", seg, end, fsyncs), 16)
 
     def head(self):
-        """(head segment, append end) read under the append lock."""
+        """(head segment, append end) read under the append lock (recovered first in a new boot)."""
         with _Flock(self.lock_fd):
-            head, end = self._read_commit()[:2]
-        return head, end
+            return self._this_boot(self._read_commit())
 
     def total_fsyncs(self):
         """fsyncs made by every writer of this log so far (commits + rotations)."""
@@ -176,7 +217,7 @@ class LogWriter:
 
     def _create_segment(self, number):
         path = os.path.join(self.logdir, segment_name(number))
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
         _share(fd)
         header = segment_header(number)
         os.pwrite(fd, header, 0)
@@ -195,7 +236,7 @@ class LogWriter:
 
         With durable=True the call returns only once they are on disk."""
         with _Flock(self.lock_fd):
-            head, end = self._read_commit()[:2]
+            head, end = self._this_boot(self._read_commit())
             if head == 0:
                 head = max(list_segments(self.logdir) or [0]) + 1
                 self._create_segment(head)
@@ -250,6 +291,7 @@ class LogWriter:
         if os.fstat(fd).st_size != end:
             os.ftruncate(fd, end)
         self._write_head(head, end)
+        os.pwrite(self.commit_fd, struct.pack("<Q", boot_id()), 48)
 
     def locked(self):
         """Context manager holding the append lock (recovery, conversion)."""

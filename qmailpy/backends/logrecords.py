@@ -388,6 +388,24 @@ def decode(data, segment, start=HEADER_SIZE, final=True):
     return records, problems, pos
 
 
+def valid_end(data, start=HEADER_SIZE):
+    """The offset just after the last checksum-valid record of segment bytes from
+    `start`, read over damaged stretches as decode() does (payloads not decoded)."""
+    pos = end = start
+    size = len(data)
+    while pos < size:
+        length = frame_length(data, pos)
+        if length is not None:
+            pos += length
+            end = pos
+            continue
+        resume = _resync(data, pos + 1)
+        if resume is None:
+            break
+        pos = resume
+    return end
+
+
 def _looks_complete(data, pos):
     """A record header whose declared length fits the data but fails the CRC: not growing."""
     if pos + RECORD_HEADER_SIZE > len(data):
