@@ -57,13 +57,20 @@ _COMMIT = struct.Struct("<QQQQQQQ")
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
+_boot = None
+
+
 def boot_id():
-    """This boot's id as a u64 (the first 16 hex digits of the kernel's boot_id; never 0)."""
-    try:
-        with open(BOOT_ID, "rb") as f:
-            return int(f.read(36).replace(b"-", b"")[:16], 16) or 1
-    except (OSError, ValueError):
-        return 1
+    """This boot's id as a u64 (the first 16 hex digits of the kernel's boot_id; never 0),
+    read once per process: no process outlives its boot."""
+    global _boot
+    if _boot is None:
+        try:
+            with open(BOOT_ID, "rb") as f:
+                _boot = int(f.read(36).replace(b"-", b"")[:16], 16) or 1
+        except (OSError, ValueError):
+            _boot = 1
+    return _boot
 COMMIT_SIZE = _COMMIT.size
 FILE_MODE = 0o660
 
