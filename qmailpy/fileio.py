@@ -15,6 +15,23 @@ def fsync_dir(path):
         os.close(fd)
 
 
+def open_std_fds():
+    """Callers run sendmail with fds closed (GNU mailutils' mail closes 1 and 2, a
+    daemon may close 0): give each closed one /dev/null, so that Python's sys.std*
+    exist and no file opened later lands on fd 1 or 2 and receives messages."""
+    import sys
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            got = os.open("/dev/null", os.O_RDWR)
+            if got != fd:                 # a lower fd was free as well: it gets its own turn
+                os.dup2(got, fd)
+                os.close(got)
+            name = ("stdin", "stdout", "stderr")[fd]
+            setattr(sys, name, os.fdopen(fd, "r" if fd == 0 else "w", closefd=False))
+
+
 def write_all(fd, data):
     """os.write until every byte of data is written (a pipe or a file may take less)."""
     view = memoryview(data)

@@ -6,7 +6,9 @@ USAGE = "qmail-inject: usage: qmail-inject [ -nNaAhH ] [ -f sender ] [ -F name ]
 
 
 def main(argv=None):
+    from qmailpy.fileio import open_std_fds
     from qmailpy.inject.sgetopt import GetoptError, sgetopt
+    open_std_fds()
     argv = sys.argv[1:] if argv is None else argv
     try:
         opts, args = sgetopt(argv, "aAhHnNf:F:")

@@ -21,6 +21,8 @@ def _queue_listing(prog):
 
 
 def main(argv=None):
+    from qmailpy.fileio import open_std_fds
+    open_std_fds()
     argv = sys.argv[1:] if argv is None else argv
     prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "sendmail"
     if prog == "mailq":

@@ -181,6 +181,12 @@ class ServerSubmission:
 
 class ForkedQueue:
     def __init__(self, home, program=None):
+        import _signal
+        # A parent that ignores SIGCHLD (swaks --pipe) passes that on: the child would
+        # then be reaped by the kernel, waitpid would fail, and a message that was
+        # queued would be reported as a failure, so the caller sends it again.
+        if _signal.getsignal(_signal.SIGCHLD) == _signal.SIG_IGN:
+            _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
         if program is None:
             from qmailpy.queue import qmailqueue
             qmailqueue.prepare(home)

@@ -1,0 +1,58 @@
+"""sendmail and qmail-inject as real callers start them: with fds closed, or with
+SIGCHLD ignored. Each queues the message exactly once and exits 0."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from queue_view import queued
+
+MESSAGE = b"To: someone@elsewhere.example\nSubject: %s\n\nhello\n"
+
+
+def run_with(home, argv, tag, close=(), ignore_sigchld=False):
+    """Run argv with the message on fd 0 from a parent that closes `close` fds first
+    (as GNU mailutils' mail closes 1 and 2) or ignores SIGCHLD (as swaks --pipe)."""
+    parent = ("import os, signal, sys\n"
+              "%s\n"
+              "for fd in %r: os.close(fd)\n"
+              "os.execvp(sys.argv[1], sys.argv[1:])\n"
+              % ("signal.signal(signal.SIGCHLD, signal.SIG_IGN)" if ignore_sigchld else "", tuple(close)))
+    r, w = os.pipe()
+    os.write(w, MESSAGE % tag)
+    os.close(w)
+    try:
+        done = subprocess.run([sys.executable, "-c", parent] + argv, stdin=r, env=home.env,
+                              capture_output=True, timeout=60)
+    finally:
+        os.close(r)
+    return done
+
+
+def subjects(home):
+    return [q.mess.split(b"Subject: ")[1].split(b"\n")[0] for q in queued(home)]
+
+
+@pytest.mark.parametrize("program", [["sendmail", "-t"], ["qmail-inject"]])
+@pytest.mark.parametrize("close", [(1, 2), (2,), (1,)])
+def test_closed_output_fds(qmail_home, program, close):
+    tag = b"closed %r" % (close,)
+    done = run_with(qmail_home, program, tag, close=close)
+    assert done.returncode == 0, done
+    assert subjects(qmail_home) == [tag]
+
+
+@pytest.mark.parametrize("program", [["sendmail", "-t"], ["qmail-inject"]])
+def test_closed_stdin_is_an_empty_message_not_a_traceback(qmail_home, program):
+    done = run_with(qmail_home, program, b"x", close=(0,))
+    assert b"Traceback" not in done.stderr
+    assert done.returncode in (0, 100, 64, 65, 111), done
+
+
+@pytest.mark.parametrize("program", [["sendmail", "-t"], ["qmail-inject"]])
+def test_an_ignored_sigchld_does_not_turn_success_into_a_retry(qmail_home, program):
+    done = run_with(qmail_home, program, b"sigchld", ignore_sigchld=True)
+    assert done.returncode == 0, done
+    assert b"waitpid" not in done.stderr
+    assert subjects(qmail_home) == [b"sigchld"]
