@@ -32,6 +32,16 @@ def open_std_fds():
             setattr(sys, name, os.fdopen(fd, "r" if fd == 0 else "w", closefd=False))
 
 
+def stdout_gone():
+    """A reader of our output went away (`qmailctl stat | head`): point fd 1 at
+    /dev/null so that the interpreter's last flush does not fail again; the exit
+    status for the caller to return (that of a process killed by SIGPIPE)."""
+    devnull = os.open("/dev/null", os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    return 141
+
+
 def write_all(fd, data):
     """os.write until every byte of data is written (a pipe or a file may take less)."""
     view = memoryview(data)

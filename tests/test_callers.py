@@ -3,6 +3,7 @@ SIGCHLD ignored. Each queues the message exactly once and exits 0."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -56,3 +57,27 @@ def test_an_ignored_sigchld_does_not_turn_success_into_a_retry(qmail_home, progr
     assert done.returncode == 0, done
     assert b"waitpid" not in done.stderr
     assert subjects(qmail_home) == [b"sigchld"]
+
+
+@pytest.fixture
+def busy_home(qmail_home):
+    """A running home with 300 preprocessed, deferred messages: more output than a pipe holds."""
+    home = qmail_home
+    home.control("smtproutes", ":127.0.0.1:1\n")             # nothing listens: deferred
+    for i in range(300):
+        home.queue_message(b"Subject: %d\n\nx\n" % i, b"joe@test.example", [b"r%d@elsewhere.example" % i])
+    assert home.run(["qmailctl", "start", "--home", home.path]).returncode == 0
+    deadline = time.monotonic() + 60
+    while b"preprocessed: 0" not in home.run(["qmail-qstat"]).stdout:
+        assert time.monotonic() < deadline, "not preprocessed"
+        time.sleep(0.1)
+    yield home
+    home.run(["qmailctl", "stop", "--home", home.path])
+
+
+@pytest.mark.parametrize("argv", [["qmail-qread"], ["qmailctl", "stat"], ["qmailctl", "queue"]])
+def test_a_reader_that_goes_away_gets_no_traceback(busy_home, argv):
+    done = subprocess.run(["sh", "-c", '"$@" | head -1', "sh"] + argv, env=busy_home.env,
+                          capture_output=True, timeout=120)
+    assert b"Traceback" not in done.stderr, done.stderr
+    assert done.stdout.count(b"\n") == 1

@@ -19,6 +19,10 @@ def main(argv=None):
         list_messages, _ = queue_reader(home)
         for view in list_messages():
             out.writelines(message_lines(view))
+        out.flush()
+    except BrokenPipeError:
+        from qmailpy.fileio import stdout_gone
+        return stdout_gone()
     except (OSError, ControlError, ValueError) as e:
         text = getattr(e, "strerror", None) or str(e)
         out.write(b"fatal: %s\n" % text.encode("utf-8", "replace"))

@@ -18,6 +18,10 @@ def main(argv=None):
         from qmailpy.ctl.qread import qstat_lines, queue_reader
         _, counts = queue_reader(home)
         out.writelines(qstat_lines(*counts()))
+        out.flush()
+    except BrokenPipeError:
+        from qmailpy.fileio import stdout_gone
+        return stdout_gone()
     except (OSError, ControlError, ValueError) as e:
         text = getattr(e, "strerror", None) or str(e)
         out.write(b"fatal: %s\n" % text.encode("utf-8", "replace"))

@@ -38,7 +38,13 @@ def main(argv=None):
         module.add_arguments(p, name)
         p.set_defaults(run=module.run)
     args = parser.parse_args(argv)
-    return args.run(args)
+    try:
+        code = args.run(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        from qmailpy.fileio import stdout_gone
+        return stdout_gone()
 
 
 if __name__ == "__main__":
