@@ -204,7 +204,9 @@ def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=
             writing[0] = False         # qmail-send is gone; finish deliveries anyway
 
     send(bytes((slots,)))
-    sel = selectors.DefaultSelector()
+    # select(2), not epoll: it also accepts fd 0 on /dev/null or a file (a spawner run
+    # by hand), which then reads as qmail-send going away at once.
+    sel = selectors.SelectSelector()
     sel.register(infd, selectors.EVENT_READ, "cmd")
     sel.register(wake_r, selectors.EVENT_READ, "wake")
     reader = CommandReader()

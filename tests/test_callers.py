@@ -81,3 +81,42 @@ def test_a_reader_that_goes_away_gets_no_traceback(busy_home, argv):
                           capture_output=True, timeout=120)
     assert b"Traceback" not in done.stderr, done.stderr
     assert done.stdout.count(b"\n") == 1
+
+
+def test_qmailctl_start_on_a_directory_that_is_not_a_home_creates_nothing(tmp_path, qmail_home):
+    target = tmp_path / "not-a-home"
+    done = qmail_home.run(["qmailctl", "start", "--home", str(target)])
+    assert done.returncode == 1
+    assert b"is not a qmail home" in done.stderr and b"Traceback" not in done.stderr
+    assert not target.exists()
+
+
+def test_a_failed_start_leaves_nothing_running(qmail_home):
+    import psutil
+    locals_path = os.path.join(qmail_home.path, "control", "locals")
+    os.chmod(locals_path, 0)                    # qmail-send cannot read its controls
+    try:
+        done = qmail_home.run(["qmailctl", "start", "--home", qmail_home.path])
+    finally:
+        os.chmod(locals_path, 0o644)
+    if done.returncode == 0:                    # the account reads it anyway: nothing to test
+        qmail_home.run(["qmailctl", "stop", "--home", qmail_home.path])
+        pytest.skip("control/locals stays readable for this account")
+    assert b"qmail-send did not start" in done.stderr
+    qmqpd_pid = os.path.join(qmail_home.path, "log", "qmail-qmqpd.pid")
+    assert not os.path.exists(qmqpd_pid)
+    started = [p for p in psutil.process_iter(["cmdline"])
+               if any(qmail_home.path in a for a in (p.info["cmdline"] or []))
+               and any("qmail-qmqpd" in a or "qmail-send" in a for a in p.info["cmdline"])]
+    assert psutil.wait_procs(started, timeout=30)[1] == []
+    stat = qmail_home.run(["qmailctl", "stat", "--home", qmail_home.path])
+    assert b"Traceback" not in stat.stderr
+
+
+@pytest.mark.parametrize("argv", [["qmail-lspawn", "./Maildir/"], ["qmail-rspawn"], ["qmail-clean"]])
+def test_a_spawner_run_by_hand_with_stdin_on_dev_null_just_ends(qmail_home, argv):
+    with open(os.devnull, "rb") as null:
+        done = subprocess.run(argv, stdin=null, env=qmail_home.env, capture_output=True, timeout=60,
+                              cwd=qmail_home.path)
+    assert b"Traceback" not in done.stderr, done.stderr
+    assert done.returncode in (0, 111), done

@@ -172,6 +172,10 @@ def _tail(path, offset):
 
 def start(args):
     home = _home(args)
+    if not (os.path.isdir(os.path.join(home, "queue")) and os.path.isfile(os.path.join(home, "control", "me"))):
+        print("qmailctl: %s is not a qmail home (make one with: qmailctl init --home %s)" % (home, home),
+              file=sys.stderr)
+        return 1
     if running_send(home):
         print("qmailctl: qmail-send is already running in %s" % home, file=sys.stderr)
         return 1
@@ -186,6 +190,7 @@ def start(args):
         f.write("%d\n" % proc.pid)
     if not _wait_for_line(logpath, offset, b"status: local", proc, START_TIMEOUT):
         print("qmailctl: qmail-send did not start:\n%s" % _tail(logpath, offset), file=sys.stderr)
+        _stop_started(home)
         return 1
     print("qmail-send started (pid %d), log %s" % (proc.pid, logpath))
     if args.smtp:
@@ -200,6 +205,22 @@ def start(args):
             return 1
         print("qmail-smtpd-listen started on %s (pid %d), log %s" % (args.smtp, sproc.pid, smtplog))
     return 0
+
+
+def _stop_started(home):
+    """A start that failed half way leaves nothing running: stop what it started."""
+    import psutil
+    procs = [p for p in (running_send(home), running_qmqpd(home)) if p is not None]
+    for proc in _terminate(procs, START_TIMEOUT):
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    for name in (SEND_PID, QMQPD_PID):
+        try:
+            os.unlink(os.path.join(home, "log", name))
+        except FileNotFoundError:
+            pass
 
 
 def _terminate(procs, timeout):
