@@ -60,7 +60,7 @@ def multiuser_home(base, backend="dir"):
     done = subprocess.run(["qmailctl", "init", "--home", path, "--me", "test.example"],
                           env=env, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
-    home = QmailHome(path, "qmailq")
+    home = QmailHome(path, "root")         # control files belong to root, as on a server
     home.backend = backend
     if backend != "dir":
         home.control("queuebackend", backend + "\n")

@@ -84,6 +84,43 @@ def test_check_reports_wrong_owner(qmail_home):
     assert lines == ["queue/pid: owner uid 0, should be %d (qmailq)" % qmail_home.uid]
 
 
+def test_check_reports_writable_trusted_files_and_readable_logs(qmail_home):
+    cdb = os.path.join(qmail_home.path, "users", "cdb")
+    open(cdb, "ab").close()
+    os.chmod(cdb, 0o666)                      # a local user could rewrite the user table
+    os.chmod(os.path.join(qmail_home.path, "control", "rcpthosts"), 0o664)
+    os.makedirs(os.path.join(qmail_home.path, "log"), exist_ok=True)
+    log = os.path.join(qmail_home.path, "log", "qmail-send.log")
+    open(log, "ab").close()
+    os.chmod(log, 0o644)
+    code, lines = check(qmail_home)
+    assert code == 1
+    assert set(lines) == {
+        "users/cdb: mode 0666 is writable by group or others (fix: chmod go-w users/cdb)",
+        "control/rcpthosts: mode 0664 is writable by group or others (fix: chmod go-w control/rcpthosts)",
+        "log/qmail-send.log: mode 0644 lets every local user read every envelope address "
+        "(fix: chmod o-r log/qmail-send.log)"}, lines
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="only root can give files away")
+def test_check_reports_a_trusted_file_owned_by_another_account(qmail_home):
+    path = os.path.join(qmail_home.path, "control", "locals")
+    os.chown(path, pwd.getpwnam("daemon").pw_uid, 0)
+    code, lines = check(qmail_home)
+    assert lines == ["control/locals: owned by uid %d; only root may own what qmail trusts "
+                     "(fix: chown root control/locals)" % pwd.getpwnam("daemon").pw_uid]
+
+
+def test_check_of_a_dir_backend_home_without_queue_log_is_clean(qmail_home):
+    if qmail_home.backend != "dir":
+        pytest.skip("the directory backend")
+    os.rmdir(os.path.join(qmail_home.queue, "log"))      # as in a home of real qmail
+    assert check(qmail_home) == (0, [])
+    qmail_home.control("queuebackend", "log\n")
+    code, lines = check(qmail_home)
+    assert "queue/log: missing (should be a directory)" in lines
+
+
 def test_check_reports_role_without_account(qmail_home):
     qmail_home.control("roles", open(os.path.join(qmail_home.path, "control", "roles")).read()
                        + "qmailr:no-such-user-qmailpy\n")

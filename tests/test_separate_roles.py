@@ -36,6 +36,9 @@ def separate_home(qmail_home):
     done = subprocess.run(["qmailctl", "init", "--home", qmail_home.path], env=qmail_home.env,
                           capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
+    for directory in ("control", "users"):      # no longer a single-user home: root owns them
+        for name in os.listdir(os.path.join(qmail_home.path, directory)):
+            os.chown(os.path.join(qmail_home.path, directory, name), 0, 0)
     check = subprocess.run(["qmailctl", "check", "--home", qmail_home.path], env=qmail_home.env,
                            capture_output=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr

@@ -39,6 +39,52 @@ def problems_of(home, check_owners=True):
     problems += layout.check_hierarchy(home, owners=layout.Owners(home, roles), check_owners=check_owners)
     if not os.path.isfile(os.path.join(home, "control", "me")):
         problems.append("control/me: missing (every program needs this host's name)")
+    if check_owners:
+        problems += trusted_file_problems(home, roles)
+    return problems
+
+
+# Files every program trusts: whoever may write one of them may make qmail deliver
+# as another user (users/cdb), relay (control/rcpthosts, smtpclients) or run programs.
+TRUSTED_DIRS = ("control", "users")
+# Logs hold every envelope address: not for every local user to read.
+PRIVATE_DIRS = ("log",)
+
+
+def trusted_file_problems(home, roles):
+    """Every file in control/ and users/ owned by root (or the one account of a
+    single-user home) and writable by nobody else; every log not world-readable."""
+    import stat
+    from qmailpy import privs
+    single = privs.single_user(roles)
+    owners = {0} | ({privs.uid_of_name(single)} if single else set())
+    problems = []
+    for directory in TRUSTED_DIRS + PRIVATE_DIRS:
+        base = os.path.join(home, directory)
+        try:
+            names = sorted(os.listdir(base))
+        except OSError:
+            continue
+        for name in names:
+            rel = "%s/%s" % (directory, name)
+            try:
+                st = os.lstat(os.path.join(base, name))
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            mode = stat.S_IMODE(st.st_mode)
+            if directory in PRIVATE_DIRS:
+                if name.endswith(".log") and mode & stat.S_IROTH:
+                    problems.append("%s: mode %04o lets every local user read every envelope address "
+                                    "(fix: chmod o-r %s)" % (rel, mode, rel))
+                continue
+            if st.st_uid not in owners:
+                problems.append("%s: owned by uid %d; only root may own what qmail trusts "
+                                "(fix: chown root %s)" % (rel, st.st_uid, rel))
+            if mode & (stat.S_IWGRP | stat.S_IWOTH):
+                problems.append("%s: mode %04o is writable by group or others "
+                                "(fix: chmod go-w %s)" % (rel, mode, rel))
     return problems
 
 
