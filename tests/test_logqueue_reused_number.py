@@ -14,6 +14,9 @@ code qmail-queue runs)."""
 import fcntl
 import os
 import shutil
+import time
+
+from inotify_simple import INotify, flags
 
 from lspawn_harness import LocalUsers
 from send_harness import Daemons, wait_mess_gone
@@ -24,17 +27,15 @@ from qmailpy.trigger import pull
 AS_ROOT = os.geteuid() == 0
 
 
-def test_a_replayed_finish_leaves_the_body_of_a_new_message_on_its_number(qmail_home):
-    home = qmail_home
-    home.control("queuebackend", "log\n")
-    users = LocalUsers(home)
-    bench = users.add("bench")
+def after_a_crash_past_an_unlink(home):
+    """Deliver one message, then put back the checkpoint from before it, as a crash after
+    its body's unlink but before the checkpoint recording it leaves the disk: the next
+    start replays its FINISH. Its number n, and mess/S/n (now free) as a path."""
     checkpoint = os.path.join(home.queue, "log", "checkpoint")
     daemons = Daemons(home).start()
     daemons.wait_started()
     assert daemons.stop() == 0
-    shutil.copy(checkpoint, checkpoint + ".before")      # the state a crash would leave
-
+    shutil.copy(checkpoint, checkpoint + ".before")
     daemons = Daemons(home).start()
     daemons.wait_started()
     queue(home, b"joe@test.example", [b"bench@test.example"], b"Subject: first\n\nfirst\n")
@@ -42,20 +43,38 @@ def test_a_replayed_finish_leaves_the_body_of_a_new_message_on_its_number(qmail_
     n = new_msgs(lines)[0]
     wait_mess_gone(home, n)
     assert daemons.stop() == 0
-    # a crash after the unlink but before the checkpoint that recorded it
     os.replace(checkpoint + ".before", checkpoint)
     if AS_ROOT:
         os.chown(checkpoint, home.uid, home.gid)
+    return n, os.path.join(home.queue, "mess", str(n % 23), str(n))
 
-    # a new message on number n, its qmail-queue half way: body written, no ENVELOPE yet
-    queue_fd = os.open(home.queue, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(queue_fd, fcntl.LOCK_SH)
-    body = os.path.join(home.queue, "mess", str(n % 23), str(n))
-    with open(body, "wb") as f:
+
+def write_body(home, path, subject):
+    with open(path, "wb") as f:
         f.write(b"Received: (qmail 1 invoked by uid 0); 1 Jan 2026 00:00:00 -0000\n"
-                b"Subject: second\n\nsecond\n")
+                b"Subject: %s\n\n%s\n" % (subject, subject))
     if AS_ROOT:
-        os.chown(body, home.uid, home.gid)
+        os.chown(path, home.uid, home.gid)
+
+
+def hold_queue(home):
+    """What every qmail-queue holds while it runs: a shared flock on queue/."""
+    fd = os.open(home.queue, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def log_home(home):
+    home.control("queuebackend", "log\n")
+    return home, LocalUsers(home).add("bench")
+
+
+def test_a_replayed_finish_leaves_the_body_of_a_new_message_on_its_number(qmail_home):
+    home, bench = log_home(qmail_home)
+    n, body = after_a_crash_past_an_unlink(home)
+    # a new message on number n, its qmail-queue half way: body written, no ENVELOPE yet
+    queue_fd = hold_queue(home)
+    write_body(home, body, b"second")
     daemons = Daemons(home).start()
     try:
         daemons.wait_started()
@@ -71,3 +90,33 @@ def test_a_replayed_finish_leaves_the_body_of_a_new_message_on_its_number(qmail_
             os.close(queue_fd)
         daemons.kill()
     assert sorted(m.rsplit(b"\n\n", 1)[1] for m in got) == [b"first\n", b"second\n"]
+
+
+def test_a_new_message_preprocessed_while_the_clean_waits_keeps_its_body(qmail_home):
+    """The clean waits because some qmail-queue is running; meanwhile a new message takes
+    number n and is preprocessed and deferred (neither pending nor in flight any more).
+    When the clean can run, it must still know that n is in use."""
+    home, bench = log_home(qmail_home)
+    home.control("smtproutes", "far.example:127.0.0.1:1\n")          # nothing listens: deferred
+    n, body = after_a_crash_past_an_unlink(home)
+    busy_fd = hold_queue(home)                          # a slow submission elsewhere
+    checkpoint = os.path.join(home.queue, "log", "checkpoint")
+    daemons = Daemons(home).start()
+    try:
+        daemons.wait_started()
+        write_body(home, body, b"second")
+        append_envelope(home.queue, n, 0, 1, b"joe@test.example", [b"r@far.example"])
+        pull(home.queue)
+        daemons.wait_line(r"^delivery \d+: deferral: ")
+        with INotify() as ino:                           # the next checkpoint renames onto it
+            ino.add_watch(os.path.dirname(checkpoint), flags.MOVED_TO)
+            os.close(busy_fd)                            # now the clean can take the lock
+            busy_fd = None
+            deadline = time.monotonic() + 30
+            while not any(e.name == "checkpoint" for e in ino.read(timeout=1000)):
+                assert time.monotonic() < deadline, "no checkpoint"
+        assert os.path.exists(body), "the waiting clean removed the new message's body"
+    finally:
+        if busy_fd is not None:
+            os.close(busy_fd)
+        daemons.kill()

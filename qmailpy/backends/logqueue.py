@@ -95,6 +95,10 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogRunners, LogReaders, Que
                 return
             type, flags, _, n, _, length = head
             pos = cur.pos
+            if type == R.ENVELOPE and n in self.replayed_clean:
+                # a new message on the number of a finished one whose body recovery
+                # has yet to remove: mess/S/n is the new message's now (logrecovery.py)
+                self.replayed_clean = [m for m in self.replayed_clean if m != n]
             if (type == R.ENVELOPE and pos not in self.garbage
                     and not self._flagged_garbage(flags, pos, length)):
                 if n not in self.pending_new:

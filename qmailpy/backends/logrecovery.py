@@ -257,10 +257,8 @@ class LogRecovery:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 return
-            self._scan_new()
-            cleaning = [n for n in self.replayed_clean
-                        if n not in self.pending_new and n not in self.active]
-            self.replayed_clean = []
+            self._scan_new()                     # drops the numbers that new ENVELOPEs reuse
+            cleaning, self.replayed_clean = self.replayed_clean, []
             for i, n in enumerate(cleaning):
                 try:
                     self._clean(n)
