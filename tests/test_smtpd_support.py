@@ -116,14 +116,14 @@ def test_smtpd_process_greets_and_quits(qmail_home):
 
 
 class ListenerProcess:
-    """qmail-smtpd-listen on 127.0.0.1, port chosen by the kernel; .port once it listens."""
+    """qmail-smtpd-listen on `address` (127.0.0.1), port chosen by the kernel; .port once it listens."""
 
-    def __init__(self, home, *options, env=None):
-        self.proc = subprocess.Popen(["qmail-smtpd-listen", *options, "127.0.0.1:0"],
+    def __init__(self, home, *options, env=None, address="127.0.0.1"):
+        self.proc = subprocess.Popen(["qmail-smtpd-listen", *options, "%s:0" % address],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, env=env or home.env)
         line = self.proc.stderr.readline()
-        m = re.match(rb"qmail-smtpd-listen: listening on 127\.0\.0\.1:(\d+)\n", line)
+        m = re.match(rb"qmail-smtpd-listen: listening on %s:(\d+)\n" % re.escape(address.encode()), line)
         assert m, line + self.proc.stderr.read()
         self.port = int(m.group(1))
 

@@ -20,6 +20,7 @@ class SmtpdConfig:
             if self.timeout <= 0:
                 self.timeout = 1
             self.databytes = control_int(home, "databytes", 0)
+            self.maxrcpt = max(0, control_int(home, "maxrcpt", 0))     # 0: no limit
             rcpthosts = control_list(home, "rcpthosts")
             self.rcpthosts = None if rcpthosts is None else {h.lower() for h in rcpthosts}
             bmf = control_list(home, "badmailfrom")

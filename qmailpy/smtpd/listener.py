@@ -16,6 +16,7 @@ import os
 import socket
 
 from qmailpy.forkserver import REFUSED, ForkingServer
+from qmailpy.smtpd.tcpenv import unmapped
 
 
 class Listener(ForkingServer):
@@ -41,8 +42,9 @@ class Listener(ForkingServer):
 
     def admit(self, sock, conn, remote):
         """The client's rule variables, or REFUSED (checked before the fork: a denied
-        client costs none)."""
-        allow, variables = self._rule_for(remote[0])
+        client costs none). An IPv4 client of a dual-stack socket is matched by its
+        IPv4 address, as tcpserver names it."""
+        allow, variables = self._rule_for(unmapped(remote[0]))
         return variables if allow else REFUSED
 
     def child(self, sock, conn, remote, variables):
@@ -60,10 +62,18 @@ class Listener(ForkingServer):
     def _child(self, conn, remote, variables):
         local = conn.getsockname()
         env = self.environ
-        env["PROTO"] = "TCP"
-        env["TCPREMOTEIP"] = remote[0]
+        remote_ip, local_ip = unmapped(remote[0]), unmapped(local[0])
+        for name in ("TCP6REMOTEIP", "TCP6REMOTEPORT", "TCP6LOCALIP", "TCP6LOCALPORT"):
+            env.pop(name, None)
+        if ":" in remote_ip:                # a real IPv6 client: as tcpserver's IPv6 version
+            env["PROTO"] = "TCP6"
+            env["TCP6REMOTEIP"], env["TCP6REMOTEPORT"] = remote_ip, str(remote[1])
+            env["TCP6LOCALIP"], env["TCP6LOCALPORT"] = local_ip, str(local[1])
+        else:
+            env["PROTO"] = "TCP"
+        env["TCPREMOTEIP"] = remote_ip
         env["TCPREMOTEPORT"] = str(remote[1])
-        env["TCPLOCALIP"] = local[0]
+        env["TCPLOCALIP"] = local_ip
         env["TCPLOCALPORT"] = str(local[1])
         if self.local_host is not None:
             env["TCPLOCALHOST"] = self.local_host

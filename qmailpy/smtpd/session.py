@@ -28,6 +28,8 @@ R_MAIL_FIRST = b"503 MAIL first (#5.5.1)\r\n"
 R_RCPT_FIRST = b"503 RCPT first (#5.5.1)\r\n"
 R_BADMAILFROM = b"553 sorry, your envelope sender is in my badmailfrom list (#5.7.1)\r\n"
 R_NOGATEWAY = b"553 sorry, that domain isn't in my list of allowed rcpthosts (#5.7.1)\r\n"
+# 452, as RFC 5321 has it for too many recipients: the client sends the rest later
+R_MAXRCPT = b"452 sorry, too many recipients (#4.5.3)\r\n"
 R_GO_AHEAD = b"354 go ahead\r\n"
 R_QQT = b"451 qqt failure (#4.3.0)\r\n"
 R_HOPS = b"554 too many hops, this message is looping (#5.4.6)\r\n"
@@ -237,6 +239,9 @@ class Session:
             return
         if self.flagbarf:
             self.out += R_BADMAILFROM
+            return
+        if self.cfg.maxrcpt and len(self.rcpt) >= self.cfg.maxrcpt:
+            self.out += R_MAXRCPT
             return
         if self.cfg.relayclient is not None:
             addr += self.cfg.relayclient

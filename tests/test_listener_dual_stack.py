@@ -1,0 +1,92 @@
+"""qmail-smtpd-listen on a dual-stack socket (::): IPv4 clients arrive as ::ffff:a.b.c.d.
+They must meet control/smtpclients' IPv4 rules and keep their RELAYCLIENT, and be named
+by their IPv4 address; real IPv6 clients get PROTO=TCP6, as tcpserver's IPv6 version
+sets it. And control/maxrcpt bounds the recipients of one message."""
+import os
+import smtplib
+import socket
+
+import pytest
+
+from test_listener import REFUSED, assert_relay_refused, no_relay_env, relay, write_rules
+from test_smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess, queued
+
+
+def ipv6_loopback():
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+needs_ipv6 = pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback here")
+
+
+def env_script(home):
+    """A qmail-queue stand-in that reports the session's environment through fd 6."""
+    script = os.path.join(home.path, "envqueue")
+    with open(script, "w") as f:
+        f.write('#!/bin/sh\ncat >/dev/null\nprintf "D%s|%s|%s|%s" "$PROTO" "$TCPREMOTEIP" '
+                '"$TCP6REMOTEIP" "$TCPLOCALIP" >&6\nexit 82\n')
+    os.chmod(script, 0o755)
+    return dict(home.env, QMAILQUEUE=script)
+
+
+def session_env(port, host):
+    client = smtplib.SMTP(host, port, timeout=TIMEOUT)
+    client.helo("c")
+    client.mail("a@b.example")
+    client.rcpt("x@test.example")
+    code, text = client.data(b"hi\r\n")
+    client.quit()
+    assert code == 554
+    return text.split(b"|")
+
+
+@needs_ipv6
+def test_an_ipv4_client_of_a_dual_stack_listener_meets_the_ipv4_rules(qmail_home):
+    write_rules(qmail_home, '127.0.0.1:allow,RELAYCLIENT=""\n127.0.0.2:deny\n')
+    with ListenerProcess(qmail_home, env=no_relay_env(qmail_home), address="::") as listener:
+        assert relay(listener.port) == {}                            # RELAYCLIENT kept
+        denied = socket.create_connection(("127.0.0.1", listener.port), timeout=TIMEOUT,
+                                          source_address=("127.0.0.2", 0))
+        assert denied.recv(100) == b""                               # the deny rule holds
+        denied.close()
+    [msg] = queued(qmail_home)
+    assert b"(127.0.0.1)" in msg.mess.split(b"\n")[1]               # named by its IPv4 address
+
+
+@needs_ipv6
+def test_tcpserver_environment_for_ipv4_and_ipv6_clients(qmail_home):
+    with ListenerProcess(qmail_home, env=env_script(qmail_home), address="::") as listener:
+        assert session_env(listener.port, "127.0.0.1") == [b"TCP", b"127.0.0.1", b"", b"127.0.0.1"]
+        assert session_env(listener.port, "::1") == [b"TCP6", b"::1", b"::1", b"::1"]
+
+
+def test_maxrcpt_refuses_recipients_beyond_it_with_452(qmail_home):
+    qmail_home.control("maxrcpt", "2\n")
+    with SmtpdProcess(qmail_home) as s:
+        s.reply()
+        s.command(b"HELO c\r\n")
+        s.command(b"MAIL FROM:<a@b.example>\r\n")
+        assert s.command(b"RCPT TO:<one@test.example>\r\n") == b"250 ok\r\n"
+        assert s.command(b"RCPT TO:<two@test.example>\r\n") == b"250 ok\r\n"
+        assert s.command(b"RCPT TO:<three@test.example>\r\n") == b"452 sorry, too many recipients (#4.5.3)\r\n"
+        s.command(b"DATA\r\n")
+        assert s.command(b"hi\r\n.\r\n").startswith(b"250 ")
+        # a new message starts a new count
+        s.command(b"MAIL FROM:<a@b.example>\r\n")
+        assert s.command(b"RCPT TO:<three@test.example>\r\n") == b"250 ok\r\n"
+    [msg] = queued(qmail_home)
+    assert msg.recipients == [b"one@test.example", b"two@test.example"]
+
+
+def test_no_maxrcpt_means_no_limit(qmail_home):
+    with SmtpdProcess(qmail_home) as s:
+        s.reply()
+        s.command(b"MAIL FROM:<a@b.example>\r\n")
+        for i in range(300):
+            s.send(b"RCPT TO:<r%d@test.example>\r\n" % i)
+        assert all(s.reply() == b"250 ok\r\n" for _ in range(300))
