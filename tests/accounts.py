@@ -9,10 +9,13 @@ on the machine: creating them again is a no-op.
 multiuser_home(base, backend) is a home made by `qmailctl init` as root without
 --user, so every role runs as its own account, as on a real server.
 """
+import contextlib
 import grp
 import os
 import pwd
+import shutil
 import subprocess
+import tempfile
 
 from conftest import QmailHome, VENV_BIN
 
@@ -51,6 +54,18 @@ def uid(name):
 
 def gid(name):
     return grp.getgrnam(name).gr_gid
+
+
+@contextlib.contextmanager
+def temporary_multiuser_home(backend="dir"):
+    """ensure_accounts(), then a multiuser_home in a fresh traversable directory, removed after."""
+    ensure_accounts()
+    base = tempfile.mkdtemp(prefix="qmailpy-accounts-")
+    os.chmod(base, 0o755)
+    try:
+        yield multiuser_home(base, backend)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def multiuser_home(base, backend="dir"):

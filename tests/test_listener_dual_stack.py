@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from test_listener import REFUSED, assert_relay_refused, no_relay_env, relay, write_rules
+from test_listener import no_relay_env, relay, write_rules
 from test_smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess, queued
 
 

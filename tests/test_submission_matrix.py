@@ -14,12 +14,11 @@ import re
 import shutil
 import socket
 import subprocess
-import tempfile
 
 import pytest
 
-from accounts import ensure_accounts, gid, multiuser_home, uid
-from qmqpd_harness import QmqpServer, ask, request
+from accounts import gid, temporary_multiuser_home, uid
+from qmqpd_harness import QmqpServer
 from queue_view import queued
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create accounts"),
@@ -31,14 +30,9 @@ RECEIVED = re.compile(rb"^Received: \(qmail (\d+) invoked (by uid (\d+)|from net
 
 @pytest.fixture
 def server(queue_backend):
-    ensure_accounts()
-    base = tempfile.mkdtemp(prefix="qmailpy-submit-")
-    os.chmod(base, 0o755)
-    home = multiuser_home(base, queue_backend)
-    qmqpd = QmqpServer(home).start()
-    yield home
-    qmqpd.stop()
-    shutil.rmtree(base, ignore_errors=True)
+    with temporary_multiuser_home(queue_backend) as home:
+        with QmqpServer(home):
+            yield home
 
 
 def as_user(name):

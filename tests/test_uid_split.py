@@ -12,13 +12,12 @@ import os
 import socket
 import stat
 import subprocess
-import tempfile
 import time
 
 import psutil
 import pytest
 
-from accounts import ensure_accounts, gid, multiuser_home, uid
+from accounts import gid, temporary_multiuser_home, uid
 from remote_harness import ScriptedPeer
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create accounts"),
@@ -30,14 +29,12 @@ WAKE_UP_ONLY = ("trigger",)   # lock/trigger is 0622 as in qmail: writing it onl
 
 @pytest.fixture
 def server_home(queue_backend):
-    ensure_accounts()
-    base = tempfile.mkdtemp(prefix="qmailpy-uids-")
-    os.chmod(base, 0o755)
-    home = multiuser_home(base, queue_backend)
-    yield home
-    subprocess.run(["qmailctl", "stop", "--home", home.path], env=home.env, capture_output=True,
-                   timeout=120)
-    subprocess.run(["rm", "-rf", base])
+    with temporary_multiuser_home(queue_backend) as home:
+        try:
+            yield home
+        finally:
+            subprocess.run(["qmailctl", "stop", "--home", home.path], env=home.env,
+                           capture_output=True, timeout=120)
 
 
 def ids(pid):

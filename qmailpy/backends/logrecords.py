@@ -22,7 +22,6 @@ ignored and reported), and a corrupt record in the middle (a checksum failure
 followed by a valid record further on: reported with its byte range so the caller
 can quarantine it, never silently dropped).
 """
-import os
 import struct
 
 from qmailpy.backends.checksum import crc32c, crc32c_python, native_crc32c as _crc32c_native  # noqa: F401
