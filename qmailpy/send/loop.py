@@ -35,6 +35,7 @@ SLEEP_PAUSE = 10
 TODO_BATCH = 4          # todo entries preprocessed per loop iteration
 DYING_TEXT = b"I'm not going to try again; this message has been in the queue too long.\n"
 CHANNEL_FDS = (("local", 1, 2), ("remote", 3, 4))
+EXIT_LOST_HELPER = 111  # qmail's exits 0; a failure status lets systemd or supervise restart it
 
 
 class StartError(Exception):
@@ -53,6 +54,7 @@ class QmailSend:
         self.todo = None             # numbers left in the current todo scan
         self.cleanup = None          # generator of stale messages during a cleanup walk
         self.cleaner_lost = False
+        self.helper_lost = False     # exit 111, so a supervisor restarts the whole set
 
     # -- logging ---------------------------------------------------------------
     def log(self, line):
@@ -166,7 +168,7 @@ class QmailSend:
 
     # -- the loop ---------------------------------------------------------------
     def run(self):
-        """Run until SIGTERM or a lost helper; returns the exit code (0)."""
+        """Run until SIGTERM (exit code 0) or a lost helper (EXIT_LOST_HELPER)."""
         while not self.exitasap or not self.can_exit():
             self.now = now = int(time.time())
             if self.runasap:
@@ -224,7 +226,7 @@ class QmailSend:
             self.pass_do()
             self.cleanup_do()
         self.finish()
-        return 0
+        return EXIT_LOST_HELPER if self.helper_lost else 0
 
     def _drain_wake(self):
         try:
@@ -256,13 +258,13 @@ class QmailSend:
     def spawndied(self, ch):
         self.log(logline.alert("oh no! lost spawn connection! dying..."))
         ch.alive = False
-        self.exitasap = True
+        self.helper_lost = self.exitasap = True
 
     def cleandied(self):
         if not self.cleaner_lost:
             self.log(logline.alert("oh no! lost qmail-clean connection! dying..."))
         self.cleaner_lost = True
-        self.exitasap = True
+        self.helper_lost = self.exitasap = True
 
     # -- command pipes and replies -------------------------------------------
     def _flush_command(self, ch):
