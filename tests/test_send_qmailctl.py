@@ -114,3 +114,25 @@ def test_start_twice_and_signals_when_stopped(qmail_home, started):
     for command in ("doqueue", "reload"):
         done = ctl(qmail_home, command)
         assert done.returncode == 1 and b"not running" in done.stderr
+
+
+@pytest.mark.dir_only       # makes info/ unwritable so that preprocessing fails
+def test_doqueue_also_retries_a_todo_entry_whose_preprocessing_failed(qmail_home, started):
+    log = LogFile(qmail_home)
+    log.wait_line(r"^status: local 0/10 remote 0/20$")
+    info = os.path.join(qmail_home.queue, "info")
+    splits = [os.path.join(info, name) for name in os.listdir(info)]
+    for path in splits:
+        os.chmod(path, 0o555)               # qmail-send cannot create info/S/n
+    try:
+        assert qmail_home.queue_message(b"Subject: x\n\ny\n", b"joe@far.example",
+                                        [b"nobody@closed.example"]).returncode == 0
+        (n,) = os.listdir(os.path.join(qmail_home.queue, "todo"))
+        log.wait_line(r"^warning: unable to create info/\d+/%s$" % n)
+    finally:
+        for path in splits:
+            os.chmod(path, 0o700)
+    # the next todo scan is 25 minutes away; doqueue promises every message now
+    assert ctl(qmail_home, "doqueue").returncode == 0
+    log.wait_line(r"^starting delivery \d+: msg %s to remote nobody@closed.example$" % n)
+    assert os.listdir(os.path.join(qmail_home.queue, "todo")) == []

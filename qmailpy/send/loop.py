@@ -176,6 +176,8 @@ class QmailSend:
                 for ch in self.channels:
                     ch.run_all_now(now)
                 self.backend.run_all_now()
+                # beyond qmail: also scan todo now, for entries whose preprocessing failed
+                self.nexttodorun = now
             if self.readasap:
                 self.readasap = False
                 self.reread()
