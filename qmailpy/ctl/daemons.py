@@ -116,11 +116,12 @@ def _start_qmqpd(home, logdir, env):
         return True
     logpath = os.path.join(logdir, QMQPD_LOG)
     offset = os.path.getsize(logpath) if os.path.exists(logpath) else 0
-    proc, _ = _spawn_logged(["qmail-qmqpd"], env, logpath)
-    with open(os.path.join(logdir, QMQPD_PID), "w") as f:
-        f.write("%d\n" % proc.pid)
+    proc = _spawn_recorded(["qmail-qmqpd"], env, logpath, QMQPD_PID)
+    if proc is None:
+        return False
     if not _wait_for_line(logpath, offset, b"listening on", proc, START_TIMEOUT):
         print("qmailctl: qmail-qmqpd did not start:\n%s" % _tail(logpath, offset), file=sys.stderr)
+        _stop_started(home)
         return False
     print("qmail-qmqpd started (pid %d), log %s" % (proc.pid, logpath))
     return True
@@ -141,6 +142,56 @@ def _spawn_logged(argv, env, logpath, cwd="/"):
         os.close(log_r)
         os.close(log_w)
     return proc, writer
+
+
+def _write_pid(path, pid):
+    """path holds pid whole or not at all: a full disk must not leave an empty pid file."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.write("%d\n" % pid)
+        os.rename(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _spawn_recorded(argv, env, logpath, pidname):
+    """_spawn_logged, then the pid in HOME/log/pidname; when that cannot be written
+    (a full disk), stat and stop could not find the daemon: it is stopped, and None."""
+    proc, writer = _spawn_logged(argv, env, logpath)
+    path = os.path.join(os.path.dirname(logpath), pidname)
+    try:
+        _write_pid(path, proc.pid)
+    except OSError as e:
+        _stop_spawned(proc, writer)
+        print("qmailctl: cannot write %s: %s; %s stopped" % (path, e.strerror, argv[0]), file=sys.stderr)
+        return None
+    return proc
+
+
+def _stop_spawned(proc, writer):
+    """Stop a daemon just started (with the helpers it may have started) and its log writer."""
+    import psutil
+    try:
+        procs = [psutil.Process(proc.pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
+    for left in _terminate(procs, START_TIMEOUT):
+        try:
+            left.kill()
+        except psutil.NoSuchProcess:
+            pass
+    for child in (proc, writer):
+        try:
+            child.wait(START_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
 
 def _wait_for_line(path, offset, needle, proc, timeout):
@@ -179,15 +230,20 @@ def start(args):
     if running_send(home):
         print("qmailctl: qmail-send is already running in %s" % home, file=sys.stderr)
         return 1
-    logdir = _logdir(home)
+    try:
+        logdir = _logdir(home)
+    except OSError as e:
+        print("qmailctl: cannot make %s/log: %s" % (home, e.strerror), file=sys.stderr)
+        return 1
     env = _env(home)
     if not _start_qmqpd(home, logdir, env):
         return 1
     logpath = os.path.join(logdir, SEND_LOG)
     offset = os.path.getsize(logpath) if os.path.exists(logpath) else 0
-    proc, _ = _spawn_logged(["qmail-start", args.defaultdelivery], env, logpath)
-    with open(os.path.join(logdir, SEND_PID), "w") as f:
-        f.write("%d\n" % proc.pid)
+    proc = _spawn_recorded(["qmail-start", args.defaultdelivery], env, logpath, SEND_PID)
+    if proc is None:
+        _stop_started(home)
+        return 1
     if not _wait_for_line(logpath, offset, b"status: local", proc, START_TIMEOUT):
         print("qmailctl: qmail-send did not start:\n%s" % _tail(logpath, offset), file=sys.stderr)
         _stop_started(home)
@@ -195,9 +251,9 @@ def start(args):
     print("qmail-send started (pid %d), log %s" % (proc.pid, logpath))
     if args.smtp:
         smtplog = os.path.join(logdir, SMTPD_LOG)
-        sproc, _ = _spawn_logged(["qmail-smtpd-listen", args.smtp], env, smtplog)
-        with open(os.path.join(logdir, SMTPD_PID), "w") as f:
-            f.write("%d\n" % sproc.pid)
+        sproc = _spawn_recorded(["qmail-smtpd-listen", args.smtp], env, smtplog, SMTPD_PID)
+        if sproc is None:
+            return 1
         time.sleep(0.2)
         if sproc.poll() is not None:
             print("qmailctl: qmail-smtpd-listen %s exited:\n%s" % (args.smtp, _tail(smtplog, 0)),
@@ -219,7 +275,7 @@ def _stop_started(home):
     for name in (SEND_PID, QMQPD_PID):
         try:
             os.unlink(os.path.join(home, "log", name))
-        except FileNotFoundError:
+        except OSError:
             pass
 
 
