@@ -18,18 +18,22 @@ def fsync_dir(path):
 def open_std_fds():
     """Callers run sendmail with fds closed (GNU mailutils' mail closes 1 and 2, a
     daemon may close 0): give each closed one /dev/null, so that Python's sys.std*
-    exist and no file opened later lands on fd 1 or 2 and receives messages."""
+    exist and no file opened later lands on fd 1 or 2 and receives messages.
+    Returns the fds that were closed."""
     import sys
+    closed = []
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
         except OSError:
+            closed.append(fd)
             got = os.open("/dev/null", os.O_RDWR)
             if got != fd:                 # a lower fd was free as well: it gets its own turn
                 os.dup2(got, fd)
                 os.close(got)
             name = ("stdin", "stdout", "stderr")[fd]
             setattr(sys, name, os.fdopen(fd, "r" if fd == 0 else "w", closefd=False))
+    return tuple(closed)
 
 
 def stdout_gone():

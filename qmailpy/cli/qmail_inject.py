@@ -8,14 +8,14 @@ USAGE = "qmail-inject: usage: qmail-inject [ -nNaAhH ] [ -f sender ] [ -F name ]
 def main(argv=None):
     from qmailpy.fileio import open_std_fds
     from qmailpy.inject.sgetopt import GetoptError, sgetopt
-    open_std_fds()
+    stdin_closed = 0 in open_std_fds()
     argv = sys.argv[1:] if argv is None else argv
     try:
         opts, args = sgetopt(argv, "aAhHnNf:F:")
     except GetoptError:
         sys.stderr.write(USAGE)
         return 100
-    from qmailpy.inject.run import Options, inject
+    from qmailpy.inject.run import ClosedInput, Options, inject
     options = Options(args=args)
     for letter, value in opts:
         if letter in "aAhH":
@@ -29,8 +29,8 @@ def main(argv=None):
         elif letter == "F":
             options.name = value
     from qmailpy.home import qmail_home
-    return inject(qmail_home(), options, os.environ, sys.stdin.buffer, sys.stdout.buffer,
-                  sys.stderr.buffer)
+    return inject(qmail_home(), options, os.environ, ClosedInput() if stdin_closed else sys.stdin.buffer,
+                  sys.stdout.buffer, sys.stderr.buffer)
 
 
 if __name__ == "__main__":

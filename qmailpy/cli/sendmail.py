@@ -22,7 +22,7 @@ def _queue_listing(prog):
 
 def main(argv=None):
     from qmailpy.fileio import open_std_fds
-    open_std_fds()
+    stdin_closed = 0 in open_std_fds()
     argv = sys.argv[1:] if argv is None else argv
     prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "sendmail"
     if prog == "mailq":
@@ -47,10 +47,10 @@ def main(argv=None):
     if req.mode == "smtp":
         from qmailpy.smtpd.session import serve
         return serve(home, wrapper.smtp_environment(os.environ))
-    from qmailpy.inject.run import Options, inject
+    from qmailpy.inject.run import ClosedInput, Options, inject
     options = Options(strategy=req.strategy, args=req.recipients, sender=req.sender)
     code = inject(home, options, wrapper.inject_environment(os.environ, req),
-                  sys.stdin.buffer, sys.stdout.buffer, sys.stderr.buffer, prog="sendmail")
+                  ClosedInput() if stdin_closed else sys.stdin.buffer, sys.stdout.buffer, sys.stderr.buffer, prog="sendmail")
     return wrapper.exit_status(code)
 
 

@@ -10,6 +10,17 @@ from qmailpy.inject.compose import DEFAULT, InjectError, compose
 _CHUNK = 65536
 
 
+class ClosedInput:
+    """The message when the caller closed fd 0: a read error, as in qmail (whose
+    qmail-inject fails to read), never an empty message sent to the recipients."""
+
+    def read(self, size=-1):
+        import errno
+        raise OSError(errno.EBADF, "standard input is closed")
+
+    readline = read
+
+
 class Options:
     def __init__(self, strategy=DEFAULT, args=(), sender=None, name=None, queue=True):
         self.strategy = strategy
