@@ -53,7 +53,8 @@ PRIVATE_DIRS = ("log",)
 
 def trusted_file_problems(home, roles):
     """Every file in control/ and users/ owned by root (or the one account of a
-    single-user home) and writable by nobody else; every log not world-readable."""
+    single-user home) and writable by nobody else; every log neither world-readable
+    nor writable by others. A symbolic link is judged by the file it names."""
     import stat
     from qmailpy import privs
     single = privs.single_user(roles)
@@ -68,7 +69,7 @@ def trusted_file_problems(home, roles):
         for name in names:
             rel = "%s/%s" % (directory, name)
             try:
-                st = os.lstat(os.path.join(base, name))
+                st = os.stat(os.path.join(base, name))
             except OSError:
                 continue
             if not stat.S_ISREG(st.st_mode):
@@ -78,6 +79,9 @@ def trusted_file_problems(home, roles):
                 if name.endswith(".log") and mode & stat.S_IROTH:
                     problems.append("%s: mode %04o lets every local user read every envelope address "
                                     "(fix: chmod o-r %s)" % (rel, mode, rel))
+                if name.endswith(".log") and mode & (stat.S_IWGRP | stat.S_IWOTH):
+                    problems.append("%s: mode %04o lets others forge or erase log lines "
+                                    "(fix: chmod go-w %s)" % (rel, mode, rel))
                 continue
             if st.st_uid not in owners:
                 problems.append("%s: owned by uid %d; only root may own what qmail trusts "

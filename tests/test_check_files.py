@@ -1,0 +1,49 @@
+"""qmailctl check on the files inside control/, users/ and log/ (see also
+tests/test_layout.py): what a local user could rewrite or read is reported with its fix."""
+import os
+
+from test_layout import check
+
+
+def test_a_symlinked_control_file_is_judged_by_its_target(qmail_home, tmp_path):
+    target = os.path.join(qmail_home.path, "rcpthosts-elsewhere")
+    with open(target, "w") as f:
+        f.write("test.example\n")
+    os.chmod(target, 0o666)                 # anyone could make this host an open relay
+    link = os.path.join(qmail_home.path, "control", "rcpthosts")
+    os.unlink(link)
+    os.symlink(target, link)
+    assert check(qmail_home) == (1, [
+        "control/rcpthosts: mode 0666 is writable by group or others (fix: chmod go-w control/rcpthosts)"])
+    os.chmod(target, 0o644)
+    assert check(qmail_home) == (0, [])
+
+
+def test_logs_writable_by_others_and_rotated_logs_are_reported(qmail_home):
+    logdir = os.path.join(qmail_home.path, "log")
+    os.makedirs(logdir, exist_ok=True)
+    for name, mode in (("qmail-send.log", 0o620), ("qmail-send.@20260101T000000.000000Z.log", 0o604),
+                       ("qmail-smtpd.log", 0o640), ("qmail-send.pid", 0o644)):
+        path = os.path.join(logdir, name)
+        open(path, "ab").close()
+        os.chmod(path, mode)
+    code, lines = check(qmail_home)
+    assert code == 1
+    assert sorted(lines) == [
+        "log/qmail-send.@20260101T000000.000000Z.log: mode 0604 lets every local user read every "
+        "envelope address (fix: chmod o-r log/qmail-send.@20260101T000000.000000Z.log)",
+        "log/qmail-send.log: mode 0620 lets others forge or erase log lines "
+        "(fix: chmod go-w log/qmail-send.log)"]
+
+
+def test_logs_qmailctl_start_writes_check_clean(qmail_home):
+    done = qmail_home.run(["qmailctl", "start", "--home", qmail_home.path])
+    try:
+        assert done.returncode == 0, done.stderr
+    finally:
+        qmail_home.run(["qmailctl", "stop", "--home", qmail_home.path])
+    logdir = os.path.join(qmail_home.path, "log")
+    logs = sorted(n for n in os.listdir(logdir) if n.endswith(".log"))
+    assert logs == ["qmail-qmqpd.log", "qmail-send.log"]
+    assert {os.stat(os.path.join(logdir, n)).st_mode & 0o777 for n in logs} == {0o640}
+    assert check(qmail_home) == (0, [])
