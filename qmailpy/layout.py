@@ -189,11 +189,12 @@ def create_hierarchy(home, entries=None, owners=None, set_owners=False):
     return created
 
 
-def _backend_is_log(home):
+def backend_is_log(home):
+    """Whether the home uses the log backend (whose queue/log a dir home does without)."""
+    from qmailpy.backends import backend_name
     try:
-        with open(os.path.join(home, "control", "queuebackend"), "rb") as f:
-            return f.read(64).split(b"\n", 1)[0].strip() == b"log"
-    except OSError:
+        return backend_name(home) == "log"
+    except ValueError:
         return False
 
 
@@ -205,7 +206,7 @@ def check_hierarchy(home, entries=None, owners=None, check_owners=True):
     kinds = {"dir": stat.S_ISDIR, "split": stat.S_ISDIR, "file": stat.S_ISREG, "fifo": stat.S_ISFIFO}
     names = {"dir": "a directory", "split": "a directory", "file": "a regular file", "fifo": "a named pipe"}
     devices = {}
-    log_backend = _backend_is_log(home)
+    log_backend = backend_is_log(home)
     for entry in entries:
         for rel in entry.paths():
             path = os.path.join(home, rel)

@@ -47,3 +47,18 @@ def test_logs_qmailctl_start_writes_check_clean(qmail_home):
     assert logs == ["qmail-qmqpd.log", "qmail-send.log"]
     assert {os.stat(os.path.join(logdir, n)).st_mode & 0o777 for n in logs} == {0o640}
     assert check(qmail_home) == (0, [])
+
+
+def test_the_log_backends_group_is_needed_only_on_the_log_backend(qmail_home):
+    """A home of real qmail has no group qmaillog (nor queue/log): on the dir backend
+    that is no problem; switched to the log backend it is."""
+    roles = os.path.join(qmail_home.path, "control", "roles")
+    with open(roles) as f:
+        kept = [line for line in f if not line.startswith("qmaillog:")]
+    qmail_home.control("roles", "".join(kept) + "qmaillog:no-such-group-qmailpy\n")
+    os.rmdir(os.path.join(qmail_home.queue, "log"))
+    assert check(qmail_home) == (0, [])
+    qmail_home.control("queuebackend", "log\n")
+    code, lines = check(qmail_home)
+    assert code == 1
+    assert "control/roles: group qmaillog: no such group: no-such-group-qmailpy" in lines, lines
