@@ -89,11 +89,12 @@ def test_a_reader_that_goes_away_gets_no_traceback(busy_home, argv):
     assert done.stdout.count(b"\n") == 1
 
 
-def test_qmailctl_start_on_a_directory_that_is_not_a_home_creates_nothing(tmp_path, qmail_home):
+@pytest.mark.parametrize("command", ["start", "stat", "queue"])
+def test_qmailctl_on_a_directory_that_is_not_a_home_says_so_and_creates_nothing(tmp_path, qmail_home, command):
     target = tmp_path / "not-a-home"
-    done = qmail_home.run(["qmailctl", "start", "--home", str(target)])
-    assert done.returncode == 1
-    assert b"is not a qmail home" in done.stderr and b"Traceback" not in done.stderr
+    done = qmail_home.run(["qmailctl", command, "--home", str(target)])
+    assert (done.returncode, done.stdout, done.stderr) == (1, b"", (
+        "qmailctl: %s is not a qmail home (make one with: qmailctl init --home %s)\n" % (target, target)).encode())
     assert not target.exists()
 
 

@@ -221,11 +221,18 @@ def _tail(path, offset):
 
 # --- subcommands --------------------------------------------------------------
 
+def _not_a_home(home):
+    """True (after saying so on stderr) when home has no queue/ or control/me."""
+    if os.path.isdir(os.path.join(home, "queue")) and os.path.isfile(os.path.join(home, "control", "me")):
+        return False
+    print("qmailctl: %s is not a qmail home (make one with: qmailctl init --home %s)" % (home, home),
+          file=sys.stderr)
+    return True
+
+
 def start(args):
     home = _home(args)
-    if not (os.path.isdir(os.path.join(home, "queue")) and os.path.isfile(os.path.join(home, "control", "me"))):
-        print("qmailctl: %s is not a qmail home (make one with: qmailctl init --home %s)" % (home, home),
-              file=sys.stderr)
+    if _not_a_home(home):
         return 1
     if running_send(home):
         print("qmailctl: qmail-send is already running in %s" % home, file=sys.stderr)
@@ -342,6 +349,8 @@ def _describe(proc):
 
 def stat(args):
     home = _home(args)
+    if _not_a_home(home):
+        return 1
     send = running_send(home)
     code = 0
     if send is None:
@@ -380,6 +389,8 @@ def _signal(args, signum, what):
 
 def queue(args):
     home = _home(args)
+    if _not_a_home(home):
+        return 1
     env = _env(home)
     code = 0
     for prog in ("qmail-qread", "qmail-qstat"):
