@@ -65,6 +65,12 @@ def warning(text):
     return b"warning: " + _b(text) + b"\n"
 
 
+def state_restored(n, seg, off, damage_seg, damage_off):
+    """The log backend brought message n back from its last readable record (logdamage.py)."""
+    return (b"warning: msg %d: state restored from log segment %d offset %d"
+            b" after damage at segment %d offset %d\n" % (n, seg, off, damage_seg, damage_off))
+
+
 def _b(text):
     return text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
 
@@ -106,11 +112,14 @@ _PATTERNS = [
     ("triple bounce", re.compile(r"triple bounce: discarding bounce/(?P<n>\d+)$")),
     ("end msg", re.compile(r"end msg (?P<n>\d+)$")),
     ("alert", re.compile(r"alert: (?P<text>.*)$")),
+    ("state restored", re.compile(
+        r"warning: msg (?P<n>\d+): state restored from log segment (?P<seg>\d+) offset (?P<off>\d+) "
+        r"after damage at segment (?P<damage_seg>\d+) offset (?P<damage_off>\d+)$")),
     ("warning", re.compile(r"warning: (?P<text>.*)$")),
 ]
 KINDS = tuple(kind for kind, _ in _PATTERNS) + ("unknown",)
 _INT_FIELDS = {"local_used", "local_limit", "remote_used", "remote_limit",
-               "n", "bytes", "qp", "uid", "d"}
+               "n", "bytes", "qp", "uid", "d", "seg", "off", "damage_seg", "damage_off"}
 
 _EPOCH = re.compile(r"(\d{9,11}(?:\.\d{1,9})?) ")
 _TAI64N = re.compile(r"@([0-9a-f]{16})([0-9a-f]{8}) ")

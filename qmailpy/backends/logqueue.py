@@ -16,6 +16,7 @@ LogQueue is this module's delivery interface plus one mixin per concept:
   logsegments.py  LogSegments  segment files, reading a record, appending, damage reports
   loggarbage.py   LogGarbage   live counts per segment, deleting empty segments
   logrecovery.py  LogRecovery  checkpoints and recovery at startup
+  logdamage.py    LogDamage    restoring messages whose newest record was damaged
   logrunners.py   LogRunners   the queue runners: due(), next_wakeup(), run_all_now()
   logreaders.py   LogReaders   qmail-qread/qmail-qstat readers and the 36-hour cleanup
 The schedule lives in the log itself (each snapshot's next-attempt times): the
@@ -27,6 +28,7 @@ from qmailpy import logline
 from qmailpy.backends import logrecords as R
 from qmailpy.backends.base import CleanerLost, Preprocessed, QueueBackend, QueueError
 from qmailpy.backends.logcommit import LOG_DIR, SEGMENT_LIMIT_CONTROL, read_segment_limit
+from qmailpy.backends.logdamage import LogDamage
 from qmailpy.backends.loggarbage import LogGarbage
 from qmailpy.backends.loginflight import InFlight
 from qmailpy.backends.logreaders import LogReaders
@@ -37,7 +39,7 @@ from qmailpy.envelope import ChannelRecord
 from qmailpy.layout import CHANNELS, SPLIT, relpath
 
 
-class LogQueue(LogSegments, LogGarbage, LogRecovery, LogRunners, LogReaders, QueueBackend):
+class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogReaders, QueueBackend):
     name = "log"
 
     def __init__(self, home, cleaner=None, log=None, segment_limit=None,
@@ -60,6 +62,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogRunners, LogReaders, Que
         self.runners = []
         self.new_cursor = None
         self.problems = []            # Problems reported by this process
+        self.damage = []              # damaged (segment, offset) whose stranded messages are not yet restored
         self._reported = set()
         self.last_checkpoint = 0
         self.recovered = False

@@ -6,7 +6,7 @@ import os
 from qmailpy import states
 from qmailpy.backends import logrecords as R
 from qmailpy.backends.base import MessageView
-from qmailpy.backends.logsegments import QUARANTINE
+from qmailpy.backends.logdamage import quarantined, restorable
 from qmailpy.envelope import ChannelRecord
 from qmailpy.layout import CHANNELS, SPLIT, is_number
 from qmailpy.states import LEFTOVER_AGE
@@ -16,13 +16,15 @@ class LogReaders:
     """Mixin of LogQueue: stale_messages(), list_messages(), counts() and their full scan."""
 
     def stale_messages(self, now):
-        """mess/ files older than 36 h that no live record names (none while anything is quarantined)."""
-        try:
-            quarantined = os.listdir(os.path.join(self.logdir, QUARANTINE))
-        except FileNotFoundError:
-            quarantined = []
-        if quarantined:
-            self._warn("log has quarantined records; stale message cleanup skipped")
+        """mess/ files older than 36 h that no live record names.
+
+        None while a quarantined stretch waits for its messages to be restored; after
+        that, none that already existed when the newest stretch was quarantined: such
+        a body may be a message whose every record was destroyed, kept for the
+        operator until the files in quarantine/ are removed."""
+        unrestored, damaged_at = quarantined(self.logdir)
+        if unrestored:
+            self._warn("log has quarantined records not yet restored; stale message cleanup skipped")
             return
         candidates = set()
         for s in range(SPLIT):
@@ -37,7 +39,8 @@ class LogReaders:
                         st = os.stat(os.path.join(d, name))
                     except OSError:
                         continue
-                    if now > st.st_atime + LEFTOVER_AGE:
+                    if now > st.st_atime + LEFTOVER_AGE and (
+                            damaged_at is None or st.st_mtime > damaged_at):
                         candidates.add(int(name))
         if not candidates:
             return
@@ -84,7 +87,9 @@ class LogReaders:
                     m["done"][(rec.channel, rec.index)] = True
                 elif t == R.BOUNCE_NOTE:
                     m["notes"] = b"" if rec.op == R.NOTE_CLEAR else m["notes"] + rec.note
-        return msgs
+        # A newest record flagged garbage lost its successor: to damage (qmail-send
+        # restores it) or, with the body gone too, to a FINISH in a deleted segment.
+        return {n: m for n, m in msgs.items() if not m["rec"].garbage or restorable(self.queue, m["rec"])}
 
     def list_messages(self):
         views = []

@@ -24,6 +24,7 @@ from qmailpy.backends import logrecords as R
 from qmailpy.backends.base import CleanerLost, QueueError
 from qmailpy.backends.logcommit import fsync_dir
 from qmailpy.backends.logcursor import Cursor, Runner
+from qmailpy.backends.logdamage import quarantined
 from qmailpy.backends.loginflight import InFlight
 from qmailpy.backends.logsegments import now as _now
 
@@ -81,6 +82,7 @@ class LogRecovery:
         with self.writer.locked():
             tail = self._replay(start, replay, segments)
         self._reconcile()
+        self.damage += quarantined(self.logdir)[0]    # found before a crash, not yet restored
         self.new_cursor = Cursor(self, tail)
         self.runners = [Runner(lag, Cursor(self, pos)) for lag, pos in zip(self.runner_lags, runner_pos)]
         self.recovered = True
@@ -107,6 +109,11 @@ class LogRecovery:
                 self._problem(R.Problem(R.CORRUPT, seg, 0, len(data)), data)
                 continue
             offset = start[1] if seg == start[0] else R.HEADER_SIZE
+            if offset > len(data):
+                # Records the checkpoint had read are gone: damage, not a crashed append.
+                lost = R.valid_end(data)
+                self._problem(R.Problem(R.TORN, seg, lost, offset), b"")
+                offset = lost
             records, problems, end = R.decode(data, seg, offset, final=True)
             for p in problems:
                 self._problem(p, data[p.start:p.end])
@@ -195,6 +202,7 @@ class LogRecovery:
             return
         self.last_checkpoint = now
         self._scan_new()
+        self._restore_damaged()
         replay = self.new_cursor.pos
         try:
             self.writer.sync_to(*replay)

@@ -155,6 +155,6 @@ class LogRunners:
         wakes = [r.wake for r in self.runners if r.wake]
         if self.flusher is not None:
             wakes.append(0)
-        if self.garbage or self.active or self.to_clean or self.replayed_clean:
+        if self.garbage or self.active or self.to_clean or self.replayed_clean or self.damage:
             wakes.append(self.last_checkpoint + CHECKPOINT_EVERY)
         return min(wakes) if wakes else None

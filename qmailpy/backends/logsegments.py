@@ -88,6 +88,8 @@ class LogSegments:
             return
         self._reported.add(key)
         self.problems.append(problem)
+        if problem.kind != R.FLAG:
+            self.damage.append((problem.segment, problem.start))
         if problem.kind == R.CORRUPT:
             qdir = os.path.join(self.logdir, QUARANTINE)
             os.makedirs(qdir, 0o700, exist_ok=True)
