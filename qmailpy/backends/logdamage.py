@@ -1,4 +1,5 @@
-"""Damaged segments in the log backend: bringing back the messages they stranded.
+"""Damaged segments in the log backend: bringing back the messages they stranded
+(docs/log-queue.md "Damage").
 
 A superseded ENVELOPE or snapshot is flagged garbage in place once the record that
 superseded it is on disk. If damage later destroys that newer record, the message's
