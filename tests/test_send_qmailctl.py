@@ -11,6 +11,7 @@ import pytest
 from lspawn_harness import LocalUsers
 from qmailpy import logline
 from send_harness import Daemons
+from test_ctl_pidfile import running_in
 from test_delivery_local import wait_maildir
 
 pytestmark = pytest.mark.both_backends
@@ -136,3 +137,18 @@ def test_doqueue_also_retries_a_todo_entry_whose_preprocessing_failed(qmail_home
     assert ctl(qmail_home, "doqueue").returncode == 0
     log.wait_line(r"^starting delivery \d+: msg %s to remote nobody@closed.example$" % n)
     assert os.listdir(os.path.join(qmail_home.queue, "todo")) == []
+
+
+def test_a_start_whose_smtp_listener_fails_stops_everything(qmail_home):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = ctl(qmail_home, "start", "--smtp", "127.0.0.1:%d" % port)
+    assert done.returncode == 1, done
+    assert b"qmailctl: qmail-smtpd-listen 127.0.0.1:%d exited:" % port in done.stderr, done.stderr
+    assert b"qmail-send started" in done.stdout             # it got that far
+    assert psutil.wait_procs(running_in(qmail_home), timeout=30)[1] == []
+    stat = ctl(qmail_home, "stat")
+    assert b"qmail-send: not running\n" in stat.stdout and b"qmail-qmqpd: not running\n" in stat.stdout
+    assert not [n for n in os.listdir(os.path.join(qmail_home.path, "log")) if ".pid" in n]

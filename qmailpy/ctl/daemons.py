@@ -260,11 +260,13 @@ def start(args):
         smtplog = os.path.join(logdir, SMTPD_LOG)
         sproc = _spawn_recorded(["qmail-smtpd-listen", args.smtp], env, smtplog, SMTPD_PID)
         if sproc is None:
+            _stop_started(home)
             return 1
         time.sleep(0.2)
         if sproc.poll() is not None:
             print("qmailctl: qmail-smtpd-listen %s exited:\n%s" % (args.smtp, _tail(smtplog, 0)),
                   file=sys.stderr)
+            _stop_started(home)
             return 1
         print("qmail-smtpd-listen started on %s (pid %d), log %s" % (args.smtp, sproc.pid, smtplog))
     return 0
@@ -273,13 +275,14 @@ def start(args):
 def _stop_started(home):
     """A start that failed half way leaves nothing running: stop what it started."""
     import psutil
-    procs = [p for p in (running_send(home), running_qmqpd(home)) if p is not None]
-    for proc in _terminate(procs, START_TIMEOUT):
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    for name in (SEND_PID, QMQPD_PID):
+    # qmail-qmqpd last, as stop does: qmail-send's bounces go through it
+    for started in ((running_smtpd(home), running_send(home)), (running_qmqpd(home),)):
+        for proc in _terminate([p for p in started if p is not None], START_TIMEOUT):
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+    for name in (SMTPD_PID, SEND_PID, QMQPD_PID):
         try:
             os.unlink(os.path.join(home, "log", name))
         except OSError:
