@@ -341,6 +341,7 @@ def audit(spark, specs, out_dir, opts=None):
             lambda kv: messages.process_group(kv[0][0], kv[0][1], list(kv[1]),
                                               ctx_b.value[kv[0][0]]))
         row_rdds.append(grouped)
+        row_rdds.append(events.filter(lambda e: e[3] == "restored").map(messages.restored_finding))
     for records, taken, lifetime in snap_records:
         row_rdds.append(records.flatMap(
             lambda r, t=taken, q=lifetime, s=opts.lifetime_slack:

@@ -12,7 +12,10 @@ either an event or a bad-input entry:
     bounce  qp                -           -
     triple  -                 -           -
     end     -                 -           -
-  n is the message number (None for results), d the delivery id.
+    restored  segment         offset      "segment offset" of the damage
+  n is the message number (None for results), d the delivery id. `restored` is the
+  log backend's "state restored" warning (docs/log-queue.md "Damage"): a finding of
+  its own, not a move of the message.
 
 seq orders lines: file rank << 40 | line index, so one host's files keep their
 order. Status lines, alerts and warnings carry no message and are only counted.
@@ -102,4 +105,7 @@ def parse_line(host, rank, index, line):
         event = (host, seq, when, "triple", f["n"], None, None, None, None)
     elif kind == "end msg":
         event = (host, seq, when, "end", f["n"], None, None, None, None)
+    elif kind == "state restored":
+        event = (host, seq, when, "restored", f["n"], None, f["seg"], f["off"],
+                 "%d %d" % (f["damage_seg"], f["damage_off"]))
     return (kind, host, seq, when, event)

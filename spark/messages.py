@@ -63,6 +63,7 @@ FINDING_KINDS = {
     "never-ended": NOTICE,
     "unlogged": NOTICE,
     "ended-not-removed": NOTICE,
+    "restored-after-damage": NOTICE,
 }
 
 
@@ -89,6 +90,16 @@ def next_pass_offset(channel, age):
 
 def finding(host, n, birth, kind, when, detail):
     return ("f", (host, n, birth, kind, FINDING_KINDS[kind], when, detail))
+
+
+def restored_finding(event):
+    """The finding for a logparse `restored` event: the log backend brought the message
+    back from its last readable record; a recipient may have been delivered twice."""
+    host, _, when, _, n, _, seg, off, damage = event
+    damage_seg, damage_off = damage.split()
+    return finding(host, n, None, "restored-after-damage", when,
+                   "state restored from log segment %d offset %d after damage at segment %s "
+                   "offset %s" % (seg, off, damage_seg, damage_off))
 
 
 def _unlogged(edge):

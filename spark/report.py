@@ -194,6 +194,14 @@ def render(summary, plots):
         "<h2>Findings</h2>",
         _kv(sorted(f["by_kind"].items())) if f["by_kind"] else "<p>none</p>",
         _table(f["violation_examples"], ["kind", "host", "n", "birth", "time", "detail"], 50),
+    ]
+    if f.get("restored"):
+        parts += ["<h2>Messages restored after log damage</h2>",
+                  "<p>Their newest record was lost to a damaged log segment; qmail-send "
+                  "delivered them again from the last readable one, so a recipient may have "
+                  "got a copy twice.</p>",
+                  _table(f["restored"], ["host", "n", "time", "detail"], len(f["restored"]))]
+    parts += [
         "<h2>Messages</h2>",
         _kv([("messages (new msg occurrences)", m["messages"]), ("message numbers", m["numbers"]),
              ("ended", m["ended"]), ("still queued at the end", m["not_ended"]),

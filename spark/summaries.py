@@ -191,6 +191,9 @@ def tables(frames):
             "per_host": per_host}
 
 
+RESTORED_SHOWN = 1000       # messages restored after log damage, listed in full up to this
+
+
 def compute(frames, line_counts):
     """(summary dict, summary DataFrames) of the audit."""
     occ, d, m, f = frames["occ"], frames["d"], frames["m"], frames["f"]
@@ -249,7 +252,10 @@ def compute(frames, line_counts):
                      "violation_examples": [e for e in examples
                                             if e["severity"] == "violation"][:200],
                      "notice_examples": [e for e in examples
-                                         if e["severity"] != "violation"][:50]},
+                                         if e["severity"] != "violation"][:50],
+                     "restored": [_row(r) for r in f.filter(F.col("kind") == "restored-after-damage")
+                                  .orderBy("host", "n", "time").limit(RESTORED_SHOWN)
+                                  .collect()]},
     }
     tabs = tables(frames)
     order = {"per_domain": F.desc("attempts"), "per_sender": F.desc("messages"),

@@ -350,6 +350,31 @@ def test_log_backend_segments_are_checked_record_by_record(spark, tmp_path):
     assert result.exit_code == 2
 
 
+def test_messages_restored_after_log_damage_are_reported(spark, tmp_path):
+    from qmailpy import logline
+    log = tmp_path / "mx5" / "current"
+    log.parent.mkdir()
+    t = 1700000000.0
+    lines = [logline.status(0, 10, 0, 20), logline.new_msg(77),
+             logline.info_msg(77, 120, b"a@b.example", 9, 0),
+             logline.starting_delivery(1, 77, "remote", b"c@d.example"),
+             logline.delivery(1, "deferral", "Connection_refused./"),
+             logline.status_exiting(), logline.status(0, 10, 0, 20),
+             logline.state_restored(77, 1, 2048, 1, 2240),
+             logline.starting_delivery(1, 77, "remote", b"c@d.example"),
+             logline.delivery(1, "success", "accepted/"), logline.end_msg(77)]
+    log.write_bytes(b"".join(b"%.6f %s" % (t + i, line) for i, line in enumerate(lines)))
+    result = _audit(spark, [log], tmp_path / "out")
+    assert result.findings_by_kind == {"restored-after-damage": 1}
+    assert result.exit_code == 0                           # a notice: nothing was lost
+    [restored] = result.summary["findings"]["restored"]
+    assert (restored["host"], restored["n"], restored["time"]) == ("mx5", 77, t + 7)
+    assert restored["detail"] == ("state restored from log segment 1 offset 2048 after damage "
+                                  "at segment 1 offset 2240")
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "Messages restored after log damage" in html and "offset 2240" in html
+
+
 # --- a standalone cluster: master and one worker from the pyspark package -----------
 
 def _free_port():
