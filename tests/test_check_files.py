@@ -1,7 +1,11 @@
 """qmailctl check on the files inside control/, users/ and log/ (see also
 tests/test_layout.py): what a local user could rewrite or read is reported with its fix."""
 import os
+import shutil
 
+import pytest
+
+from conftest import AS_ROOT
 from test_layout import check
 
 
@@ -62,3 +66,15 @@ def test_the_log_backends_group_is_needed_only_on_the_log_backend(qmail_home):
     code, lines = check(qmail_home)
     assert code == 1
     assert "control/roles: group qmaillog: no such group: no-such-group-qmailpy" in lines, lines
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="qmail's own accounts and a root-owned home need root")
+def test_a_home_laid_out_as_real_qmails_is_faulted_only_for_run():
+    """qmail's accounts, no control/roles, no bin/ launchers, no queue/log, no run/:
+    what a home installed by qmail's own `make setup check` has."""
+    from accounts import temporary_multiuser_home
+    with temporary_multiuser_home("dir") as home:
+        for name in ("run", "bin", os.path.join("queue", "log"), os.path.join("control", "roles")):
+            path = os.path.join(home.path, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+        assert check(home) == (1, ["run: missing (should be a directory)"])
