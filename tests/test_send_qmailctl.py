@@ -117,26 +117,29 @@ def test_start_twice_and_signals_when_stopped(qmail_home, started):
         assert done.returncode == 1 and b"not running" in done.stderr
 
 
-@pytest.mark.dir_only       # makes info/ unwritable so that preprocessing fails
-def test_doqueue_also_retries_a_todo_entry_whose_preprocessing_failed(qmail_home, started):
-    log = LogFile(qmail_home)
-    log.wait_line(r"^status: local 0/10 remote 0/20$")
-    info = os.path.join(qmail_home.queue, "info")
-    splits = [os.path.join(info, name) for name in os.listdir(info)]
+def test_doqueue_also_retries_a_message_whose_preprocessing_failed(qmail_home):
+    """Preprocessing fails while qmail-send cannot search mess/; the next scan of new
+    messages is 25 minutes away, but doqueue promises every message now."""
+    assert qmail_home.queue_message(b"Subject: x\n\ny\n", b"joe@far.example",
+                                    [b"nobody@closed.example"]).returncode == 0
+    mess = os.path.join(qmail_home.queue, "mess")
+    splits = [os.path.join(mess, name) for name in os.listdir(mess)]
     for path in splits:
-        os.chmod(path, 0o555)               # qmail-send cannot create info/S/n
+        os.chmod(path, 0)
     try:
-        assert qmail_home.queue_message(b"Subject: x\n\ny\n", b"joe@far.example",
-                                        [b"nobody@closed.example"]).returncode == 0
-        (n,) = os.listdir(os.path.join(qmail_home.queue, "todo"))
-        log.wait_line(r"^warning: unable to create info/\d+/%s$" % n)
+        qmail_home.control("smtproutes", "closed.example:127.0.0.1:%d\n" % free_port())
+        assert ctl(qmail_home, "start").returncode == 0
+        log = LogFile(qmail_home)
+        (n,) = [l.split("/")[-1] for l in log.wait_line(r"^warning: unable to stat mess/\d+/\d+$")
+                if l.startswith("warning: unable to stat mess/")]
     finally:
         for path in splits:
-            os.chmod(path, 0o700)
-    # the next todo scan is 25 minutes away; doqueue promises every message now
-    assert ctl(qmail_home, "doqueue").returncode == 0
-    log.wait_line(r"^starting delivery \d+: msg %s to remote nobody@closed.example$" % n)
-    assert os.listdir(os.path.join(qmail_home.queue, "todo")) == []
+            os.chmod(path, 0o750)
+    try:
+        assert ctl(qmail_home, "doqueue").returncode == 0
+        log.wait_line(r"^starting delivery \d+: msg %s to remote nobody@closed.example$" % n)
+    finally:
+        ctl(qmail_home, "stop")
 
 
 def test_a_start_whose_smtp_listener_fails_stops_everything(qmail_home):
