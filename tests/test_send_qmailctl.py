@@ -11,7 +11,7 @@ import pytest
 from lspawn_harness import LocalUsers
 from qmailpy import logline
 from send_harness import Daemons
-from test_ctl_pidfile import running_in
+from test_ctl_full_disk import running_in
 from test_delivery_local import wait_maildir
 
 pytestmark = pytest.mark.both_backends

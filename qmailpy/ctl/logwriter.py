@@ -8,14 +8,18 @@ fsyncs the file, renames it to NAME.@STAMP.log (STAMP the UTC time of the
 rotation, so names sort oldest first and before the current NAME.log) and
 starts a new one, keeping the newest control/logcount rotated files and
 deleting older ones. Lines are never split across files.
+
+Like multilog, it never drops a line either: when the file system is full (or a
+write fails otherwise) it pauses and tries again every PAUSE seconds. Meanwhile
+the pipe fills and the daemon waits on its next log line: qmail-send stops
+rather than deliver mail its log would not record.
 """
 import calendar
 import os
 import time
 
-from qmailpy.fileio import write_all
-
 LOG_MODE = 0o640
+PAUSE = 1               # seconds between attempts while writing fails (multilog's pause)
 SIZE_CONTROL = "logsize"
 COUNT_CONTROL = "logcount"
 DEFAULT_SIZE = 10 * 1024 * 1024
@@ -76,6 +80,15 @@ def limits(home):
             read_number(os.path.join(control, COUNT_CONTROL), DEFAULT_COUNT, 1))
 
 
+def persist(operation):
+    """operation(), tried again every PAUSE seconds until it does not fail."""
+    while True:
+        try:
+            return operation()
+        except OSError:
+            time.sleep(PAUSE)
+
+
 class RotatingLog:
     def __init__(self, path, size=DEFAULT_SIZE, count=DEFAULT_COUNT):
         self.path, self.size, self.count = path, size, count
@@ -83,7 +96,7 @@ class RotatingLog:
         self._open()
 
     def _open(self):
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, LOG_MODE)
+        self.fd = persist(lambda: os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, LOG_MODE))
         st = os.fstat(self.fd)
         if st.st_uid == os.geteuid() and st.st_mode & 0o777 != LOG_MODE:
             os.fchmod(self.fd, LOG_MODE)     # an older, world-readable log
@@ -105,11 +118,13 @@ class RotatingLog:
             self._write(b"".join(batch))
 
     def _write(self, data):
-        write_all(self.fd, data)
+        view = memoryview(data)
+        while view:                     # what a full disk cut short is written once it can be
+            view = view[persist(lambda: os.write(self.fd, view)):]
         self.length += len(data)
 
     def rotate(self):
-        os.fsync(self.fd)
+        persist(lambda: os.fsync(self.fd))
         os.close(self.fd)
         rotated = log_set(self.logdir, self.name)[:-1]
         newest = os.path.basename(rotated[-1]) if rotated else ""
@@ -118,7 +133,8 @@ class RotatingLog:
         # sorting before an older file (a clock stepped back)
         while rotated_name(self.name, t) <= newest:
             t = max(t + 1e-6, _stamp_time(newest))
-        os.rename(self.path, os.path.join(self.logdir, rotated_name(self.name, t)))
+        target = os.path.join(self.logdir, rotated_name(self.name, t))
+        persist(lambda: os.rename(self.path, target))
         self._open()
         for old in log_set(self.logdir, self.name)[:-1][:-self.count]:
             try:
