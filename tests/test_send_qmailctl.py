@@ -149,7 +149,7 @@ def test_a_start_whose_smtp_listener_fails_stops_everything(qmail_home):
         port = taken.getsockname()[1]
         done = ctl(qmail_home, "start", "--smtp", "127.0.0.1:%d" % port)
     assert done.returncode == 1, done
-    assert b"qmailctl: qmail-smtpd-listen 127.0.0.1:%d exited:" % port in done.stderr, done.stderr
+    assert b"qmailctl: qmail-smtpd-listen 127.0.0.1:%d did not start:" % port in done.stderr, done.stderr
     assert b"qmail-send started" in done.stdout             # it got that far
     assert psutil.wait_procs(running_in(qmail_home), timeout=30)[1] == []
     stat = ctl(qmail_home, "stat")

@@ -258,13 +258,13 @@ def start(args):
     print("qmail-send started (pid %d), log %s" % (proc.pid, logpath))
     if args.smtp:
         smtplog = os.path.join(logdir, SMTPD_LOG)
+        offset = os.path.getsize(smtplog) if os.path.exists(smtplog) else 0
         sproc = _spawn_recorded(["qmail-smtpd-listen", args.smtp], env, smtplog, SMTPD_PID)
         if sproc is None:
             _stop_started(home)
             return 1
-        time.sleep(0.2)
-        if sproc.poll() is not None:
-            print("qmailctl: qmail-smtpd-listen %s exited:\n%s" % (args.smtp, _tail(smtplog, 0)),
+        if not _wait_for_line(smtplog, offset, b"listening on", sproc, START_TIMEOUT):
+            print("qmailctl: qmail-smtpd-listen %s did not start:\n%s" % (args.smtp, _tail(smtplog, offset)),
                   file=sys.stderr)
             _stop_started(home)
             return 1
