@@ -116,5 +116,7 @@ def test_damaged_segment_strands_no_intact_message(qmail_home, kind, seed):
                 len(stranded), len(intact), MESSAGES - len(intact),
                 "\n".join(l for l in daemons.lines()[since:] if l.startswith("warning")))
             assert qread_numbers(home) == set()
+            restored = sum(1 for line in daemons.lines()[since:] if " state restored " in line)
+            print("damage %s seed %d: %d intact, %d restored" % (kind, seed, len(intact), restored))
         finally:
             daemons.kill()
