@@ -1,0 +1,569 @@
+"""A crash-state explorer (after ALICE, OSDI 2014, and CrashMonkey) for the crash tests.
+
+A SIGKILL leaves the page cache intact; a power cut does not. This module builds the
+states a disk may hold after a power cut in the middle of a protocol:
+
+1. record(): run a protocol under strace against a real home, starting from a copy of
+   the home taken before the run (`pre`); every file-system call under the home is
+   turned into a logical operation on paths and inodes (Op): create, write (offset and
+   bytes), truncate, link, rename, unlink, mkdir, rmdir, fsync of a file, fsync of a
+   directory. The exit of each process named in the protocol's manifest with status 0
+   is an acknowledgement, placed between the operations where strace saw it.
+2. states(): for every prefix of the operations, the operations not yet durable may be
+   lost. Data (writes, truncates) becomes durable by a later fsync of its inode; names
+   (create, link, rename, unlink, mkdir, rmdir) by a later fsync of their directory
+   (both directories for a rename). Generated: every prefix; every prefix with each
+   single non-durable operation dropped; every prefix with all of them dropped; every
+   prefix with its last non-durable write torn to its first half (ext4 data=ordered
+   keeps a prefix of unsynced appends). Identical trees are explored once.
+3. materialise(): the pre-run copy plus the operations a state keeps, written into a
+   home whose other files (users/, bin/) stay as they are.
+
+The checks (what recovery must achieve in each state) belong to the test that uses this.
+"""
+import hashlib
+import os
+import re
+import shutil
+import stat
+import subprocess
+
+O_CREAT, O_EXCL, O_TRUNC, O_APPEND, O_DIRECTORY = 0o100, 0o200, 0o1000, 0o2000, 0o200000
+AT_REMOVEDIR = 0x200
+CLONE_FS, CLONE_FILES, CLONE_THREAD = 0x200, 0x400, 0x10000
+
+SYSCALLS = ("execve,clone,clone3,fork,vfork,chdir,open,openat,creat,write,pwrite64,writev,"
+            "pwritev,lseek,rename,renameat,renameat2,link,linkat,unlink,unlinkat,rmdir,"
+            "ftruncate,truncate,fsync,fdatasync,mkdir,mkdirat,close,dup,dup2,dup3")
+
+DATA_OPS = ("write", "truncate")
+NAME_OPS = ("create", "link", "rename", "unlink", "mkdir", "rmdir")
+
+
+def strace_available():
+    return shutil.which("strace") is not None
+
+
+class Op:
+    """One logical disk operation. kind, and by kind:
+    create path ino | write ino off data | truncate ino size | link ino path |
+    rename src dst ino | unlink path | mkdir path | rmdir path | fsync ino | fsyncdir path"""
+    __slots__ = ("kind", "path", "dst", "ino", "off", "data", "size", "pid")
+
+    def __init__(self, kind, pid, path=None, dst=None, ino=None, off=0, data=b"", size=0):
+        self.kind, self.pid, self.path, self.dst, self.ino = kind, pid, path, dst, ino
+        self.off, self.data, self.size = off, data, size
+
+    def dirs(self):
+        """The directories whose fsync makes this name operation durable."""
+        if self.kind == "rename":
+            return {os.path.dirname(self.path), os.path.dirname(self.dst)}
+        return {os.path.dirname(self.path)}
+
+    def __repr__(self):
+        if self.kind == "write":
+            return "write(%s @%d, %d bytes)" % (self.ino, self.off, len(self.data))
+        if self.kind == "truncate":
+            return "truncate(%s, %d)" % (self.ino, self.size)
+        if self.kind == "rename":
+            return "rename(%s -> %s)" % (self.path, self.dst)
+        if self.kind in ("fsync",):
+            return "fsync(%s)" % self.ino
+        return "%s(%s%s)" % (self.kind, self.path, "" if self.ino is None else " " + str(self.ino))
+
+
+# -- the tree model -----------------------------------------------------------------
+class Tree:
+    """Names (relative paths) -> inodes, inode contents, directories; what a disk holds."""
+
+    def __init__(self, names, contents, dirs):
+        self.names, self.contents, self.dirs = names, contents, dirs
+
+    @classmethod
+    def scan(cls, root):
+        names, contents, dirs = {}, {}, set()
+        for dirpath, dirnames, filenames in os.walk(root):
+            rel = os.path.relpath(dirpath, root)
+            dirs.add("" if rel == "." else rel)
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                st = os.lstat(path)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                ino = "p%d" % st.st_ino
+                names[os.path.relpath(path, root)] = ino
+                if ino not in contents:
+                    with open(path, "rb") as f:
+                        contents[ino] = f.read()
+        return cls(names, contents, dirs)
+
+    def copy(self):
+        return Tree(dict(self.names), dict(self.contents), set(self.dirs))
+
+    def size(self, ino):
+        return len(self.contents.get(ino, b""))
+
+    def apply(self, op, torn=False):
+        k = op.kind
+        if k == "create":
+            self.contents.setdefault(op.ino, b"")
+            self.names[op.path] = op.ino
+        elif k == "write":
+            data = op.data[:len(op.data) // 2] if torn else op.data
+            old = self.contents.get(op.ino, b"")
+            if len(old) < op.off:
+                old = old + b"\0" * (op.off - len(old))
+            self.contents[op.ino] = old[:op.off] + data + old[op.off + len(data):]
+        elif k == "truncate":
+            old = self.contents.get(op.ino, b"")
+            self.contents[op.ino] = old[:op.size] + b"\0" * max(0, op.size - len(old))
+        elif k == "link":
+            self.names[op.path] = op.ino
+        elif k == "rename":
+            if op.path in self.names:
+                self.names[op.dst] = self.names.pop(op.path)
+            elif op.path in self.dirs:
+                moved = {p for p in self.dirs if p == op.path or p.startswith(op.path + "/")}
+                for p in moved:
+                    self.dirs.discard(p)
+                    self.dirs.add(op.dst + p[len(op.path):])
+                for p in [p for p in self.names if p.startswith(op.path + "/")]:
+                    self.names[op.dst + p[len(op.path):]] = self.names.pop(p)
+        elif k == "unlink":
+            self.names.pop(op.path, None)
+        elif k == "mkdir":
+            self.dirs.add(op.path)
+        elif k == "rmdir":
+            self.dirs.discard(op.path)
+
+    def key(self):
+        """Identity of the tree: names, which names share an inode, and contents."""
+        h = hashlib.sha256()
+        first = {}
+        for path in sorted(self.names):
+            ino = self.names[path]
+            first.setdefault(ino, path)
+            h.update(b"%s\0%s\0%s\n" % (path.encode(), first[ino].encode(),
+                                        hashlib.sha256(self.contents.get(ino, b"")).digest()))
+        for d in sorted(self.dirs):
+            h.update(b"d %s\n" % d.encode())
+        return h.hexdigest()
+
+
+# -- parsing strace's output --------------------------------------------------------
+_LINE = re.compile(r"^(\d+) +(.*)$")
+_CALL = re.compile(r"^([a-z0-9_]+)\((.*)\) += (-?\d+|\?)(<[^>]*>)?")
+_HEX = re.compile(r"\\x([0-9a-f]{2})")
+
+
+def _unhex(s):
+    return bytes(int(h, 16) for h in _HEX.findall(s))
+
+
+def _split_args(s):
+    """Top-level comma-separated arguments of one strace call."""
+    out, depth, cur, quoted = [], 0, [], False
+    i = 0
+    while i < len(s):
+        c = s[i]
+        if quoted:
+            cur.append(c)
+            if c == "\\":
+                cur.append(s[i + 1])
+                i += 1
+            elif c == '"':
+                quoted = False
+        elif c == '"':
+            quoted = True
+            cur.append(c)
+        elif c in "[{<(":
+            depth += 1
+            cur.append(c)
+        elif c in "]}>)":
+            depth -= 1
+            cur.append(c)
+        elif c == "," and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(c)
+        i += 1
+    if cur:
+        out.append("".join(cur).strip())
+    return out
+
+
+def _string(arg):
+    return _unhex(arg) if arg.startswith('"') else None
+
+
+def _fd(arg):
+    """(number, path or None) of an fd argument like 3<\\x2f...>."""
+    m = re.match(r"^(-?\d+)(?:<(.*)>)?(?:\(deleted\))?$", arg)
+    if not m:
+        return None, None
+    return int(m.group(1)), (_unhex(m.group(2)).decode("utf-8", "surrogateescape") if m.group(2) else None)
+
+
+def _int(arg):
+    return int(arg.split()[0], 0)
+
+
+class _Proc:
+    def __init__(self, fds, cwd):
+        self.fds, self.cwd = fds, cwd        # fds: {n: [kind, ino-or-path, offset, append]}
+
+
+class Recording:
+    """ops, acks {tag: index into ops}, pre (path of the pre-run copy), root (the home)."""
+
+    def __init__(self, root, pre, ops, acks, exits):
+        self.root, self.pre, self.ops, self.acks, self.exits = root, pre, ops, acks, exits
+
+
+def parse(trace_path, root, pre, manifest):
+    """The Recording of strace output in trace_path for the home at root, whose pre-run
+    copy is pre. manifest: {pid: tag}; a tag is acknowledged where its pid exits 0."""
+    root = os.path.realpath(root)
+    live = Tree.scan(pre)
+    ops, acks, exits = [], {}, {}
+    procs, pending = {}, {}
+    counter = [0]
+
+    def rel(path):
+        if path is None:
+            return None
+        path = os.path.normpath(path)
+        if path == root:
+            return ""
+        if path.startswith(root + "/"):
+            return path[len(root) + 1:]
+        return None
+
+    def proc(pid):
+        p = procs.get(pid)
+        if p is None:
+            p = procs[pid] = _Proc({}, None)
+        return p
+
+    def resolve(pid, dirarg, patharg):
+        name = _string(patharg)
+        if name is None:
+            return None
+        name = name.decode("utf-8", "surrogateescape")
+        if name.startswith("/"):
+            return rel(name)
+        if dirarg is None:
+            base = proc(pid).cwd
+        else:
+            base = _fd(dirarg)[1]
+            if dirarg.startswith("-100") and base:
+                proc(pid).cwd = base
+        return rel(os.path.join(base, name)) if base else None
+
+    def emit(op):
+        ops.append(op)
+        live.apply(op)
+
+    def new_ino():
+        counter[0] += 1
+        return "n%d" % counter[0]
+
+    def handle(pid, name, args, ret, retpath):
+        p = proc(pid)
+        if name in ("open", "openat", "creat"):
+            if ret < 0:
+                return
+            if name == "openat":
+                path = resolve(pid, args[0], args[1])
+                flags = _int(args[2])
+            elif name == "open":
+                path = resolve(pid, None, args[0])
+                flags = _int(args[1])
+            else:
+                path = resolve(pid, None, args[0])
+                flags = O_CREAT | O_TRUNC | 1
+            if retpath is not None and rel(retpath) is not None:
+                path = rel(retpath)
+            if path is None:
+                p.fds.pop(ret, None)
+                return
+            if path in live.dirs or flags & O_DIRECTORY:
+                p.fds[ret] = ["dir", path, 0, False]
+                return
+            ino = live.names.get(path)
+            if ino is None:
+                if not flags & O_CREAT:
+                    return
+                ino = new_ino()
+                emit(Op("create", pid, path=path, ino=ino))
+            elif flags & O_TRUNC and live.size(ino):
+                emit(Op("truncate", pid, ino=ino, size=0))
+            p.fds[ret] = ["file", ino, 0, bool(flags & O_APPEND)]
+        elif name in ("write", "pwrite64", "writev", "pwritev"):
+            fd = _fd(args[0])[0]
+            f = p.fds.get(fd)
+            if f is None or f[0] != "file" or ret <= 0:
+                return
+            if name in ("write", "pwrite64"):
+                data = _string(args[1])
+            else:
+                data = b"".join(_unhex(m) for m in re.findall(r'iov_base="((?:\\x[0-9a-f]{2})*)"', args[1]))
+            data = data[:ret]
+            if name in ("pwrite64", "pwritev"):
+                off = _int(args[-1])
+            else:
+                off = live.size(f[1]) if f[3] else f[2]
+                f[2] = off + ret
+            emit(Op("write", pid, ino=f[1], off=off, data=data))
+        elif name == "lseek":
+            f = p.fds.get(_fd(args[0])[0])
+            if f is not None and ret >= 0:
+                f[2] = ret
+        elif name in ("ftruncate", "truncate"):
+            if ret < 0:
+                return
+            if name == "ftruncate":
+                f = p.fds.get(_fd(args[0])[0])
+                if f is None or f[0] != "file":
+                    return
+                ino = f[1]
+            else:
+                path = resolve(pid, None, args[0])
+                ino = live.names.get(path)
+                if ino is None:
+                    return
+            emit(Op("truncate", pid, ino=ino, size=_int(args[1])))
+        elif name in ("fsync", "fdatasync"):
+            f = p.fds.get(_fd(args[0])[0])
+            if f is None or ret < 0:
+                return
+            emit(Op("fsyncdir", pid, path=f[1]) if f[0] == "dir" else Op("fsync", pid, ino=f[1]))
+        elif name in ("rename", "renameat", "renameat2"):
+            if ret < 0:
+                return
+            if name == "rename":
+                src, dst = resolve(pid, None, args[0]), resolve(pid, None, args[1])
+            else:
+                src, dst = resolve(pid, args[0], args[1]), resolve(pid, args[2], args[3])
+            if src is None or dst is None:
+                return
+            emit(Op("rename", pid, path=src, dst=dst, ino=live.names.get(src)))
+        elif name in ("link", "linkat"):
+            if ret < 0:
+                return
+            if name == "link":
+                src, dst = resolve(pid, None, args[0]), resolve(pid, None, args[1])
+            else:
+                src, dst = resolve(pid, args[0], args[1]), resolve(pid, args[2], args[3])
+            if dst is None or src not in live.names:
+                return
+            emit(Op("link", pid, path=dst, ino=live.names[src]))
+        elif name in ("unlink", "unlinkat", "rmdir"):
+            if ret < 0:
+                return
+            if name == "unlinkat":
+                path = resolve(pid, args[0], args[1])
+                isdir = _int(args[2]) & AT_REMOVEDIR
+            else:
+                path = resolve(pid, None, args[0])
+                isdir = name == "rmdir"
+            if path is not None:
+                emit(Op("rmdir" if isdir else "unlink", pid, path=path))
+        elif name in ("mkdir", "mkdirat"):
+            if ret < 0:
+                return
+            path = resolve(pid, args[0], args[1]) if name == "mkdirat" else resolve(pid, None, args[0])
+            if path is not None:
+                emit(Op("mkdir", pid, path=path))
+        elif name == "close":
+            p.fds.pop(_fd(args[0])[0], None)
+        elif name in ("dup", "dup2", "dup3"):
+            f = p.fds.get(_fd(args[0])[0])
+            if ret >= 0:
+                p.fds.pop(ret, None)
+                if f is not None:
+                    p.fds[ret] = f              # one open file description: shared offset
+        elif name == "chdir":
+            if ret == 0:
+                target = _string(args[0]).decode("utf-8", "surrogateescape")
+                p.cwd = os.path.normpath(os.path.join(p.cwd or "/", target))
+        elif name in ("clone", "clone3", "fork", "vfork"):
+            if ret <= 0:
+                return
+            m = re.search(r"flags=(0x[0-9a-f]+|\d+)", ",".join(args))
+            flags = int(m.group(1), 0) if m else 0
+            fds = p.fds if flags & CLONE_FILES else {k: v for k, v in p.fds.items()}
+            procs[ret] = _Proc(fds, p.cwd)
+
+    with open(trace_path, "rb") as f:
+        lines = f.read().decode("ascii", "replace").split("\n")
+    for line in lines:
+        m = _LINE.match(line)
+        if not m:
+            continue
+        pid, rest = int(m.group(1)), m.group(2)
+        if rest.startswith("+++ exited with "):
+            code = int(rest.split()[3])
+            exits[pid] = (code, len(ops))
+            if code == 0 and pid in manifest:
+                acks[manifest[pid]] = len(ops)
+            continue
+        if rest.startswith("+++") or rest.startswith("---"):
+            continue
+        if rest.endswith("<unfinished ...>"):
+            pending[pid] = rest[:-len("<unfinished ...>")].rstrip()
+            continue
+        r = re.match(r"^<\.\.\. [a-z0-9_]+ resumed>(.*)$", rest)
+        if r:
+            rest = pending.pop(pid, "") + r.group(1)
+        c = _CALL.match(rest)
+        if not c or c.group(3) == "?":
+            continue
+        name, argstr, ret = c.group(1), c.group(2), int(c.group(3))
+        retpath = _fd(c.group(3) + c.group(4))[1] if c.group(4) else None
+        if name == "execve":
+            continue
+        handle(pid, name, _split_args(argstr), ret, retpath)
+    return Recording(root, pre, ops, acks, exits)
+
+
+def record(argv, root, pre, workdir, env=None, cwd=None):
+    """Run argv under strace (following forks); the trace's path. The caller's program
+    must leave a manifest and copy the home to pre before it starts (see the tests)."""
+    trace = os.path.join(workdir, "trace")
+    cmd = ["strace", "-f", "-q", "-X", "raw", "-xx", "-s", "1000000", "-y", "-o", trace,
+           "-e", "trace=" + SYSCALLS] + list(argv)
+    done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    return trace
+
+
+# -- crash states ----------------------------------------------------------------------
+class State:
+    """A crash state: the first `prefix` ops, without `dropped`, with `torn` writes halved."""
+
+    def __init__(self, prefix, dropped=(), torn=(), how="prefix"):
+        self.prefix, self.dropped, self.torn, self.how = prefix, frozenset(dropped), frozenset(torn), how
+
+    def describe(self, rec):
+        parts = ["crash after op %d of %d (%s)" % (self.prefix, len(rec.ops), self.how)]
+        if self.prefix:
+            parts.append("last op: %r" % rec.ops[self.prefix - 1])
+        for i in sorted(self.dropped):
+            parts.append("lost: #%d %r" % (i, rec.ops[i]))
+        for i in sorted(self.torn):
+            parts.append("torn: #%d %r" % (i, rec.ops[i]))
+        return "; ".join(parts)
+
+
+def not_durable(ops, prefix):
+    """Indexes of the first `prefix` ops that a power cut right after them may lose."""
+    synced_ino, synced_dir = {}, {}          # last fsync index per inode / directory
+    for j in range(prefix):
+        op = ops[j]
+        if op.kind == "fsync":
+            synced_ino[op.ino] = j
+        elif op.kind == "fsyncdir":
+            synced_dir[op.path] = j
+    out = []
+    for i in range(prefix):
+        op = ops[i]
+        if op.kind in DATA_OPS:
+            if synced_ino.get(op.ino, -1) < i:
+                out.append(i)
+        elif op.kind in NAME_OPS:
+            if any(synced_dir.get(d, -1) < i for d in op.dirs()):
+                out.append(i)
+    return out
+
+
+def build(rec, state, base=None):
+    tree = (base or Tree.scan(rec.pre)).copy()
+    for i in range(state.prefix):
+        if i in state.dropped:
+            continue
+        tree.apply(rec.ops[i], torn=i in state.torn)
+    return tree
+
+
+def states(rec, single_drops=True):
+    """Distinct crash states of a recording (see the module docstring): [(State, Tree)]."""
+    base = Tree.scan(rec.pre)
+    seen, out = set(), []
+
+    def add(state):
+        tree = build(rec, state, base)
+        k = tree.key()
+        if k not in seen:
+            seen.add(k)
+            out.append((state, tree))
+
+    for prefix in range(len(rec.ops) + 1):
+        lost = not_durable(rec.ops, prefix)
+        add(State(prefix))
+        if lost:
+            add(State(prefix, lost, how="all unsynced lost"))
+        if single_drops:
+            for i in lost:
+                add(State(prefix, [i], how="one unsynced lost"))
+        writes = [i for i in lost if rec.ops[i].kind == "write" and len(rec.ops[i].data) > 1]
+        if writes:
+            add(State(prefix, torn=[writes[-1]], how="last unsynced write torn"))
+    return out
+
+
+def materialise(tree, target, owner_of):
+    """Make target hold exactly tree (replacing whatever it held), hard links included.
+    owner_of(relpath) -> (uid, gid, mode) of each file and directory."""
+    if os.path.exists(target):
+        shutil.rmtree(target)
+    root = os.geteuid() == 0
+    for d in sorted(tree.dirs):
+        path = os.path.join(target, d) if d else target
+        os.makedirs(path, exist_ok=True)
+        uid, gid, mode = owner_of(d)
+        os.chmod(path, mode)
+        if root:
+            os.chown(path, uid, gid)
+    written = {}
+    for path in sorted(tree.names):
+        ino = tree.names[path]
+        full = os.path.join(target, path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)   # a name whose mkdir was lost
+        if ino in written:
+            os.link(written[ino], full)
+            continue
+        uid, gid, mode = owner_of(path)
+        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, tree.contents.get(ino, b""))
+            os.fchmod(fd, mode)
+            if root:
+                os.fchown(fd, uid, gid)
+        finally:
+            os.close(fd)
+        written[ino] = full
+
+
+def owners(post, pre):
+    """owner_of for materialise(): a path's owner and mode before the run (pre), else as
+    the run left it (post), else its nearest existing parent directory's owner, mode 0640."""
+    def owner_of(path):
+        for base in (pre, post):
+            try:
+                st = os.lstat(os.path.join(base, path))
+                return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
+            except FileNotFoundError:
+                pass
+        parent = path
+        while parent:
+            parent = os.path.dirname(parent)
+            try:
+                st = os.lstat(os.path.join(pre, parent))
+                return st.st_uid, st.st_gid, 0o640
+            except FileNotFoundError:
+                continue
+        st = os.lstat(pre)
+        return st.st_uid, st.st_gid, 0o640
+    return owner_of
