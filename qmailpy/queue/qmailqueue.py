@@ -17,8 +17,10 @@ forked child (qmailpy.queue.client) without starting a new interpreter.
 Privileges: qmail-queue is setuid qmailq in qmail. A Python program cannot be
 setuid, so when started as root run() switches to the home's qmailq account
 (qmailpy.privs.become) after recording the caller's real uid for the Received
-line and the u record; started as any other user it runs as that user, which
-in a multi-user home must be qmailq (or $QMAILQUEUE must name a setuid wrapper).
+line and the u record; started as any other user it runs as that user. Only
+root and the queue's owner call it so (home.has_queue_rights): every other
+submitter hands its message to qmail-qmqpd (qmailpy.queue.client), whose forked
+child, running as qmailq, calls run_from() with the uid the kernel reported.
 """
 import fcntl
 import os
