@@ -7,7 +7,8 @@ and its `Received: (qmail PID invoked by uid N)` line names the submitter's real
 Nobody can claim another uid: what a client writes into a QMQP request does not
 change the uid the server records, and a user without queue rights cannot write the
 queue directly. Then qmail-smtpd under Debian's tcpserver, as qmaild:nofiles,
-queues "from network" through the same server.
+queues "from network" through the same server, and qmail-send delivers it to a
+local user's Maildir.
 """
 import os
 import re
@@ -20,6 +21,8 @@ import pytest
 from accounts import gid, temporary_multiuser_home, uid
 from qmqpd_harness import QmqpServer
 from queue_view import queued
+from send_harness import Daemons
+from test_delivery_local import wait_maildir
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create accounts"),
               pytest.mark.both_backends]
@@ -110,11 +113,28 @@ def test_a_client_cannot_claim_another_uid(server):
     assert not os.path.exists(os.path.join(home.queue, "todo", "1"))
 
 
-def test_qmail_smtpd_under_debians_tcpserver_queues_from_network(server):
+def local_user(home, name, account):
+    """users/assign maps NAME to ACCOUNT, with a Maildir in a home that ACCOUNT owns; the Maildir."""
+    import pwd
+    pw = pwd.getpwnam(account)
+    userhome = os.path.join(os.path.dirname(home.path), name)
+    for path in (userhome, userhome + "/Maildir", userhome + "/Maildir/new",
+                 userhome + "/Maildir/cur", userhome + "/Maildir/tmp"):
+        os.mkdir(path, 0o700)
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+    path = os.path.join(home.path, "users", "assign")
+    with open(path, "w") as f:
+        f.write("=%s:%s:%d:%d:%s:::\n.\n" % (name, account, pw.pw_uid, pw.pw_gid, userhome))
+    os.chmod(path, 0o644)
+    return userhome + "/Maildir"
+
+
+def test_qmail_smtpd_under_debians_tcpserver_queues_from_network_and_delivers(server):
     tcpserver = shutil.which("tcpserver")
     if tcpserver is None:
         pytest.skip("Debian's ucspi-tcp is not installed (bin/test installs it as root)")
     home = server
+    maildir = local_user(home, "bench", "qtuser")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -138,3 +158,12 @@ def test_qmail_smtpd_under_debians_tcpserver_queues_from_network(server):
     (q,) = [q for q in queued(home) if b"Subject: over tcpserver" in q.mess]
     assert received_uid(q.mess) == "network"
     assert q.recipients == [b"bench@test.example"]
+    daemons = Daemons(home).start()           # qmail-start as root: every daemon as its account
+    try:
+        (got,) = wait_maildir(maildir, 1)
+    finally:
+        daemons.kill()
+    assert b"Subject: over tcpserver" in got
+    assert RECEIVED.search(got).group(2) == b"from network"
+    assert os.stat(os.path.join(maildir, "new", os.listdir(os.path.join(maildir, "new"))[0])).st_uid \
+        == uid("qtuser")
