@@ -15,6 +15,8 @@ import selectors
 import signal
 import stat
 
+from qmailpy.fileio import write_all
+
 SLOTS = 120                 # conf-spawn
 REPORT_MAX = 10000          # qmail-send keeps at most this much of a reply
 OUTPUT_MAX = 65536          # a spawner keeps at most this much child output
@@ -197,9 +199,7 @@ def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=
         if not writing[0]:
             return
         try:
-            while data:
-                n = os.write(outfd, data)
-                data = data[n:]
+            write_all(outfd, data)
         except OSError:
             writing[0] = False         # qmail-send is gone; finish deliveries anyway
 

@@ -416,9 +416,7 @@ class DirQueue(QueueBackend):
         except OSError:
             raise QueueError("unable to append to bounce message")
         try:
-            view = memoryview(note)
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, note)
         except OSError:
             raise QueueError("unable to append to bounce message")
         finally:

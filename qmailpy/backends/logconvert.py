@@ -18,6 +18,7 @@ from qmailpy.backends import logrecords as R
 from qmailpy.backends.logcommit import LOG_DIR, LogWriter, fsync_dir, list_segments, segment_name
 from qmailpy.backends.logqueue import LogQueue
 from qmailpy.backends.logrecovery import CHECKPOINT
+from qmailpy.fileio import write_all
 from qmailpy.layout import CHANNELS, SPLIT, is_number, relpath
 
 
@@ -216,9 +217,7 @@ def _own_like(path, model):
 def _write_file(path, data, mtime=None, mode=0o600):
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -15,6 +15,7 @@ import os
 import signal
 import time
 
+from qmailpy.fileio import write_all
 from qmailpy.local import dotqmail
 from qmailpy.local.errors import Failure, error_str
 
@@ -25,12 +26,10 @@ NO_MAILBOX = b"Sorry, no mailbox here by that name. (#5.1.1)"
 
 
 def _write(fd, data):
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view):]
-        except OSError:
-            return                      # nobody listening: the exit status still tells
+    try:
+        write_all(fd, data)
+    except OSError:
+        pass                            # nobody listening: the exit status still tells
 
 
 def _rewind(fd):

@@ -12,6 +12,7 @@ import os
 import time
 
 from qmailpy.backends.base import CleanerLost  # noqa: F401  (raised here, caught by qmail-send)
+from qmailpy.fileio import write_all
 from qmailpy.layout import relpath
 from qmailpy.states import LEFTOVER_AGE   # 36 hours; exceeds qmail-queue's 24 h alarm
 
@@ -39,8 +40,7 @@ class CleanClient:
     def send_async(self, name):
         data = name.encode("ascii") + b"\0" if isinstance(name, str) else name + b"\0"
         try:
-            while data:
-                data = data[os.write(self.request_fd, data):]
+            write_all(self.request_fd, data)
         except OSError as e:
             raise CleanerLost(str(e)) from e
         self.pending.append(name)
@@ -72,8 +72,7 @@ class CleanClient:
         self.drain()
         data = name.encode("ascii") + b"\0" if isinstance(name, str) else name + b"\0"
         try:
-            while data:
-                data = data[os.write(self.request_fd, data):]
+            write_all(self.request_fd, data)
             reply = os.read(self.reply_fd, 1)
         except OSError as e:
             raise CleanerLost(str(e)) from e
@@ -87,8 +86,7 @@ class CleanClient:
         data = b"".join((n.encode("ascii") if isinstance(n, str) else n) + b"\0" for n in names)
         replies = b""
         try:
-            while data:
-                data = data[os.write(self.request_fd, data):]
+            write_all(self.request_fd, data)
             while len(replies) < len(names):
                 chunk = os.read(self.reply_fd, len(names) - len(replies))
                 if not chunk:
