@@ -25,6 +25,7 @@ import time
 
 from qmailpy import envelope, layout, states
 from qmailpy.layout import CHANNELS
+from qmailpy.send.schedule import DEFAULT_QUEUELIFETIME
 
 FORMAT = 1
 # Keys of a message record, in order. files: kind -> {path, split, size, mtime,
@@ -32,7 +33,6 @@ FORMAT = 1
 MESSAGE_FIELDS = ("record", "host", "n", "backend", "state", "files", "birth", "size",
                   "sender", "recipients", "bouncing", "bounce", "problems")
 FILE_FIELDS = ("path", "split", "size", "mtime", "atime", "inode", "mode", "links")
-DEFAULT_QUEUELIFETIME = 604800
 
 
 class SnapshotError(ValueError):

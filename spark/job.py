@@ -14,6 +14,7 @@ from pyspark.sql import types as T
 from qmailpy import snapshot_format
 from qmailpy.ctl.daemons import SEND_LOG
 from qmailpy.ctl.logwriter import log_set
+from qmailpy.send.schedule import DEFAULT_QUEUELIFETIME
 from spark import inputs as inputs_mod
 from spark import logparse, messages, segments, snapshots, summaries, report
 
@@ -21,7 +22,7 @@ EXAMPLES_PER_KIND = 20
 
 
 class Options:
-    def __init__(self, host_map=(), queuelifetime=604800, lifetime_slack=3600.0,
+    def __init__(self, host_map=(), queuelifetime=DEFAULT_QUEUELIFETIME, lifetime_slack=3600.0,
                  write_parquet=True, home_snapshot_dir=None):
         self.host_map = list(host_map)
         self.queuelifetime = queuelifetime

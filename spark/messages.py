@@ -24,6 +24,7 @@ import bisect
 import math
 
 from qmailpy import states
+from qmailpy.send.schedule import DEFAULT_QUEUELIFETIME, SKIP
 
 LOGGER = "qmail-send"          # the program whose log we read: its moves are all logged
 ABSENT = next(s for s in states.STATES if not any(states.PRESENCE[s].values()))
@@ -32,11 +33,12 @@ EVENT_NAMES = {"new": "new msg", "info": "info msg", "start": "starting delivery
                "end": "end msg"}
 BIRTH_MATCH = 2.0              # seconds between a `new msg` line and info/ mtime
 
-# qmail-send's retry schedule (docs/qmail-send.md "Scheduling and retries"): channel -> skip. A pass is due at
+# qmail-send's retry schedule (docs/qmail-send.md "Scheduling and retries"; send/schedule.py's SKIP:
+# channel -> skip). A pass is due at
 # birth + (skip * k)^2 on time, or birth + (isqrt(age at the last pass) + skip)^2
 # after an off-schedule pass (ALRM); the first pass after birth + queuelifetime
 # is dying: its deferrals are turned into failures and bounced.
-RETRY_SKIP = {"local": 10, "remote": 20}
+RETRY_SKIP = SKIP
 
 OCC_FIELDS = ("host", "n", "birth", "info_time", "bytes", "sender", "qp", "uid", "end_time",
               "ended", "orphan", "attempts", "successes", "failures", "deferrals", "bounced",
@@ -179,7 +181,7 @@ class HostContext:
                  "lifetime_slack", "restarts")
 
     def __init__(self, log_start=None, log_end=None, log_end_exiting=False, snapshots=(),
-                 queuelifetime=604800, lifetime_slack=3600.0, restarts=()):
+                 queuelifetime=DEFAULT_QUEUELIFETIME, lifetime_slack=3600.0, restarts=()):
         self.log_start, self.log_end, self.log_end_exiting = log_start, log_end, log_end_exiting
         self.snapshots = tuple(snapshots)
         self.queuelifetime, self.lifetime_slack = queuelifetime, lifetime_slack

@@ -23,6 +23,7 @@ import random
 import time
 
 from qmailpy import snapshot_format
+from qmailpy.layout import SPLIT
 from spark.messages import last_attempt_offset, next_pass_offset
 
 LOG_DEFECTS = ("illegal-transition", "delivery-after-end", "duplicate-delivery",
@@ -285,12 +286,12 @@ def generate(log_path, messages=200, seed=1, style="epoch", host="mx1", start=17
 
 
 def _snapshot(path, host, taken, pending, ended, defects, expect, start, rng):
-    records = [snapshot_format.header(host, "/var/qmail", "dir", taken, 604800)]
+    records = [snapshot_format.header(host, "/var/qmail", "dir", taken, snapshot_format.DEFAULT_QUEUELIFETIME)]
 
     def files(n, kinds, mtime, atime=None, split=None):
         out = {}
         for kind in kinds:
-            s = (n % 23) if split is None or kind not in ("info",) else split
+            s = (n % SPLIT) if split is None or kind not in ("info",) else split
             rel = "%s/%d/%d" % (kind, s, n) if kind in ("mess", "info", "local", "remote") \
                 else "%s/%d" % (kind, n)
             out[kind] = {"path": rel, "split": s if kind in ("mess", "info", "local", "remote")
@@ -330,12 +331,12 @@ def _snapshot(path, host, taken, pending, ended, defects, expect, start, rng):
             rec = snapshot_format.message_record(host, n, "dir", files(n, ["todo"], taken - 5),
                                                  "a@example.org")
         elif i % 3 == 1:                     # info in the wrong split directory
-            fs = files(n, ["mess", "info", "remote"], start - 1000, split=(n + 1) % 23)
+            fs = files(n, ["mess", "info", "remote"], start - 1000, split=(n + 1) % SPLIT)
             rec = snapshot_format.message_record(
                 host, n, "dir", fs, "a@example.org",
                 [snapshot_format.recipient("remote", "z@example.com", False)],
                 problems=["split-mismatch: %s is in split dir %d, expected %d"
-                          % (fs["info"]["path"], (n + 1) % 23, n % 23)])
+                          % (fs["info"]["path"], (n + 1) % SPLIT, n % SPLIT)])
         else:                                # mess and bounce but also todo: no state
             rec = snapshot_format.message_record(host, n, "dir",
                                                  files(n, ["mess", "todo", "bounce"], taken - 5))

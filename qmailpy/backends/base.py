@@ -33,6 +33,8 @@ logrunners.py, find due work by reading the log).
 """
 from abc import ABC, abstractmethod
 
+from qmailpy.layout import SPLIT
+
 
 class CleanerLost(Exception):
     """The cleaner (qmail-clean's pipe) hit EOF or EPIPE: qmail-send must exit.
@@ -162,7 +164,7 @@ class QueueBackend(ABC):
 
     def channel_file(self, n, channel):
         """How log lines name a channel of message n ("local/5/457" in qmail's layout)."""
-        return "%s/%d/%d" % (channel, n % 23, n)
+        return "%s/%d/%d" % (channel, n % SPLIT, n)
 
     def completion_due(self, n):
         """True when message n is ready for completion (no channel left, nothing to redo)."""

@@ -7,6 +7,8 @@ import argparse
 import os
 import sys
 
+from qmailpy.send.schedule import DEFAULT_QUEUELIFETIME
+
 
 def _parser():
     p = argparse.ArgumentParser(
@@ -18,8 +20,8 @@ def _parser():
                    help="output directory (default ./qmail-audit.out)")
     p.add_argument("--host", action="append", default=[], metavar="NAME=PATH",
                    help="inputs at or below PATH belong to host NAME (repeatable)")
-    p.add_argument("--queuelifetime", type=int, default=604800, metavar="SECONDS",
-                   help="queuelifetime of the logged hosts (default 604800)")
+    p.add_argument("--queuelifetime", type=int, default=DEFAULT_QUEUELIFETIME, metavar="SECONDS",
+                   help="queuelifetime of the logged hosts (default %d)" % DEFAULT_QUEUELIFETIME)
     p.add_argument("--lifetime-slack", type=float, default=3600.0, metavar="SECONDS",
                    help="grace after the last scheduled attempt before a message counts as "
                         "past its lifetime (default 3600)")

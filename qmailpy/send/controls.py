@@ -2,6 +2,7 @@
 locals and virtualdomains only."""
 from qmailpy.home import ControlError, control_int, control_list, control_me_default, control_value
 from qmailpy.send.rewrite import Rewriter
+from qmailpy.send.schedule import DEFAULT_QUEUELIFETIME
 
 SPAWN_MAX = 120
 
@@ -23,7 +24,7 @@ def _concurrency(home, name, default):
 class SendControls:
     def __init__(self, home):
         self.home = home
-        self.lifetime = control_int(home, "queuelifetime", 604800)
+        self.lifetime = control_int(home, "queuelifetime", DEFAULT_QUEUELIFETIME)
         self.concurrency = {"local": _concurrency(home, "concurrencylocal", 10),
                             "remote": _concurrency(home, "concurrencyremote", 20)}
         self.envnoathost = control_me_default(home, "envnoathost")
