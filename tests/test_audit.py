@@ -23,16 +23,15 @@ from qmailpy.ctl.logwriter import log_set
 pyspark = pytest.importorskip("pyspark")
 
 from spark import job, synthetic  # noqa: E402
+from shared_data import data_file  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
 SPARK_HOME = os.path.dirname(pyspark.__file__)
 
-DATA = "/work/shared/data"
-if not os.path.isdir(DATA):
-    DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-EPOCH = os.path.join(DATA, "qmail-send-sample.epoch.log")
-TAI64N = os.path.join(DATA, "qmail-send-sample.tai64n.log")
-SNAPSHOT_TEXT = os.path.join(DATA, "qmail-queue-snapshot.txt")
+EPOCH = data_file("qmail-send-sample.epoch.log")
+TAI64N = data_file("qmail-send-sample.tai64n.log")
+SNAPSHOT_TEXT = data_file("qmail-queue-snapshot.txt")
+needs_data = pytest.mark.skipif(EPOCH is None, reason="shared/data fixtures not found")
 
 
 @pytest.fixture(scope="session")
@@ -150,6 +149,7 @@ def _sample_checks(result):
     return q
 
 
+@needs_data
 def test_shared_sample_epoch_and_tai64n_give_the_readme_counts(spark, tmp_path):
     host = tmp_path / "mx"
     epoch = _audit(spark, [_copy(EPOCH, host, "epoch.log"), _copy(SNAPSHOT_TEXT, host, "q.txt")],
