@@ -25,7 +25,7 @@ import time
 
 from qmailpy import envelope, layout, states
 from qmailpy.layout import CHANNELS
-from qmailpy.send.schedule import DEFAULT_QUEUELIFETIME
+from qmailpy.states import DEFAULT_QUEUELIFETIME
 
 FORMAT = 1
 # Keys of a message record, in order. files: kind -> {path, split, size, mtime,

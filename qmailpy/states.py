@@ -53,6 +53,10 @@ SELF_MOVES = {
 LEFTOVER_STATES = (S2, S3)
 LEFTOVER_AGE = 129600
 
+# control/queuelifetime when absent (a week): once a message is older, qmail-send turns
+# its next deferrals into failures and bounces them (docs/qmail-send.md "Scheduling and retries").
+DEFAULT_QUEUELIFETIME = 604800
+
 # Log-backend records (docs/architecture.md "Queue backends") and the move each one records.
 RECORD_TRANSITIONS = {
     "ENVELOPE": (S2, S4),

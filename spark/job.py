@@ -14,7 +14,7 @@ from pyspark.sql import types as T
 from qmailpy import snapshot_format
 from qmailpy.ctl.daemons import SEND_LOG
 from qmailpy.ctl.logwriter import log_set
-from qmailpy.send.schedule import DEFAULT_QUEUELIFETIME
+from qmailpy.states import DEFAULT_QUEUELIFETIME
 from spark import inputs as inputs_mod
 from spark import logparse, messages, segments, snapshots, summaries, report
 

@@ -24,7 +24,8 @@ import bisect
 import math
 
 from qmailpy import states
-from qmailpy.send.schedule import DEFAULT_QUEUELIFETIME, SKIP
+from qmailpy.send.schedule import SKIP
+from qmailpy.states import DEFAULT_QUEUELIFETIME
 
 LOGGER = "qmail-send"          # the program whose log we read: its moves are all logged
 ABSENT = next(s for s in states.STATES if not any(states.PRESENCE[s].values()))

@@ -22,7 +22,7 @@ import heapq
 import random
 import time
 
-from qmailpy import snapshot_format
+from qmailpy import snapshot_format, states
 from qmailpy.layout import SPLIT
 from spark.messages import last_attempt_offset, next_pass_offset
 
@@ -286,7 +286,7 @@ def generate(log_path, messages=200, seed=1, style="epoch", host="mx1", start=17
 
 
 def _snapshot(path, host, taken, pending, ended, defects, expect, start, rng):
-    records = [snapshot_format.header(host, "/var/qmail", "dir", taken, snapshot_format.DEFAULT_QUEUELIFETIME)]
+    records = [snapshot_format.header(host, "/var/qmail", "dir", taken, states.DEFAULT_QUEUELIFETIME)]
 
     def files(n, kinds, mtime, atime=None, split=None):
         out = {}

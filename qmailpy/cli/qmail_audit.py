@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from qmailpy.send.schedule import DEFAULT_QUEUELIFETIME
+from qmailpy.states import DEFAULT_QUEUELIFETIME
 
 
 def _parser():

@@ -2,7 +2,7 @@
 locals and virtualdomains only."""
 from qmailpy.home import ControlError, control_int, control_list, control_me_default, control_value
 from qmailpy.send.rewrite import Rewriter
-from qmailpy.send.schedule import DEFAULT_QUEUELIFETIME
+from qmailpy.states import DEFAULT_QUEUELIFETIME
 
 SPAWN_MAX = 120
 

@@ -2,7 +2,6 @@
 from math import isqrt
 
 SKIP = {"local": 10, "remote": 20}
-DEFAULT_QUEUELIFETIME = 604800     # control/queuelifetime when absent: a week
 
 
 def next_retry(birth, now, channel):
