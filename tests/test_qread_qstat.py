@@ -1,4 +1,4 @@
-"""qmail-qread and qmail-qstat against real notqmail output (/work/shared/data) and our own queue."""
+"""qmail-qread and qmail-qstat against real notqmail output (shared/data, found by shared_data.py) and our own queue."""
 import calendar
 import os
 import re
