@@ -2,10 +2,11 @@
 """What hostile SMTP clients cost the listener: memory under many idle connections and
 under a flood of RCPTs.
 
-    .venv/bin/python bench/smtp_abuse.py [--idle 500] [--rcpts 10000]
+    .venv/bin/python bench/smtp_abuse.py [--idle 500] [--rcpts 10000] [--maxrcpt N]
 
 Starts qmail-smtpd-listen on 127.0.0.1 (a throw-away home by `qmailctl init`,
--c set above --idle so that every connection gets a session), then:
+-c and -s set above --idle so that every connection gets a session although all
+come from one address; --maxrcpt writes control/maxrcpt), then:
 
 1. opens --idle connections that read the greeting and say nothing more, and
    reports the RSS of the listener and the sum of its sessions' RSS and USS
@@ -14,7 +15,11 @@ Starts qmail-smtpd-listen on 127.0.0.1 (a throw-away home by `qmailctl init`,
 2. in one session sends MAIL FROM and --rcpts RCPT TO commands (pipelined in
    batches), and reports the replies by code (with control/maxrcpt, the ones
    past the cap are refused) and that session's RSS/USS peak as the RCPTs
-   arrive. The session then QUITs; nothing is queued.
+   arrive, and the listener's RSS after them. The session then QUITs; nothing
+   is queued;
+3. with the listener's default per-client limit (-s: half of -c), opens -c
+   connections from 127.0.0.1 and counts those answered 220 and those refused
+   with 421.
 """
 import argparse
 import os
@@ -104,11 +109,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--idle", type=int, default=500)
     ap.add_argument("--rcpts", type=int, default=10000)
+    ap.add_argument("--maxrcpt", type=int, default=None, help="write control/maxrcpt")
     args = ap.parse_args()
     base, home = make_home()
-    listener = subprocess.Popen([os.path.join(BIN, "qmail-smtpd-listen"), "-c", str(args.idle + 10),
+    if args.maxrcpt is not None:
+        with open(os.path.join(home, "control", "maxrcpt"), "w") as f:
+            f.write("%d\n" % args.maxrcpt)
+    limit = str(args.idle + 10)
+    listener = subprocess.Popen([os.path.join(BIN, "qmail-smtpd-listen"), "-c", limit, "-s", limit,
                                  "127.0.0.1:0"], stderr=subprocess.PIPE,
                                 env=dict(os.environ, QMAILHOME=home))
+    limited = None
     socks = []
     try:
         line = listener.stderr.readline()
@@ -136,12 +147,30 @@ def main():
               % (args.rcpts, open(maxrcpt).read().strip() if os.path.exists(maxrcpt) else "absent"))
         print("  replies: %s" % ", ".join("%s x%d" % kv for kv in sorted(codes.items())))
         print("  session peak RSS %.1f MiB, USS %.1f MiB" % (mib(peak_rss), mib(peak_uss)))
+        print("  listener RSS %.1f MiB after the flood"
+              % mib(psutil.Process(listener.pid).memory_info().rss))
+        limited = subprocess.Popen([os.path.join(BIN, "qmail-smtpd-listen"), "-c", "40",
+                                    "127.0.0.1:0"], stderr=subprocess.PIPE,
+                                   env=dict(os.environ, QMAILHOME=home))
+        port = int(re.search(rb":(\d+)\n", limited.stderr.readline()).group(1))
+        greeted = refused = 0
+        for _ in range(40):
+            s = socket.create_connection(("127.0.0.1", port))
+            socks.append(s)
+            pending = [b""]
+            code = read_reply(s, pending)[:3]
+            greeted += code == b"220"
+            refused += code == b"421"
+        print("per-client limit: 40 connections from 127.0.0.1 to -c 40 (default -s 20):"
+              " %d greeted, %d refused with 421" % (greeted, refused))
     finally:
         for s in socks:
             s.close()
-        listener.terminate()
-        listener.wait()
-        listener.stderr.close()
+        for proc in (listener, limited):
+            if proc is not None:
+                proc.terminate()
+                proc.wait()
+                proc.stderr.close()
         shutil.rmtree(base, ignore_errors=True)
     return 0
 

@@ -128,7 +128,7 @@ def main():
     base, home = make_home()
     body = (b"From: sender@bench.client\r\nTo: rcpt@bench.example\r\nSubject: bench\r\n\r\n"
             + (b"x" * 78 + b"\r\n") * max(1, args.size // 80) + b".\r\n")
-    listener = subprocess.Popen([os.path.join(BIN, "qmail-smtpd-listen"), "-c", "100",
+    listener = subprocess.Popen([os.path.join(BIN, "qmail-smtpd-listen"), "-c", "100", "-s", "100",
                                  "127.0.0.1:0"], stderr=subprocess.PIPE,
                                 env=dict(os.environ, QMAILHOME=home))
     try:

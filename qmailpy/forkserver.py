@@ -41,6 +41,12 @@ class ForkingServer:
         """In the child, with conn blocking: the exit status."""
         raise NotImplementedError
 
+    def forked(self, pid, context):
+        """In the server, after child pid was forked with admit()'s context."""
+
+    def reaped(self, pid):
+        """In the server, once child pid has ended and been waited for."""
+
     # -- the loop --------------------------------------------------------------
     def _on_term(self, signum, frame):
         self._stop = True
@@ -97,11 +103,15 @@ class ForkingServer:
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
+                for pid in self.children:
+                    self.reaped(pid)
                 self.children.clear()
                 return
             if pid == 0:
                 return
-            self.children.discard(pid)
+            if pid in self.children:
+                self.children.discard(pid)
+                self.reaped(pid)
 
     def _accept(self, sock):
         """Accept and fork one connection; False when none was waiting (or no fork)."""
@@ -135,5 +145,6 @@ class ForkingServer:
             finally:
                 os._exit(code)
         self.children.add(pid)
+        self.forked(pid, context)
         conn.close()
         return True

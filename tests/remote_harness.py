@@ -9,6 +9,7 @@ it received, for misbehaving peers and exact wire checks.
 import asyncio
 import socket
 import threading
+import time
 
 from aiosmtpd.smtp import SMTP
 
@@ -78,8 +79,9 @@ class Smtpd:
 class ScriptedPeer:
     """A one-connection-at-a-time raw SMTP peer playing `script` for each connection.
 
-    Steps: ("send", bytes) writes; ("line",) reads one line; ("data",) reads up
-    to and including CRLF.CRLF; ("read", n) reads at least n more bytes;
+    Steps: ("send", bytes) writes; ("drip", bytes, seconds) writes one byte at a
+    time, `seconds` apart (ending the connection once the client has gone);
+    ("line",) reads one line; ("data",) reads up to and including CRLF.CRLF; ("read", n) reads at least n more bytes;
     ("hang",) waits until the client goes away; ("close",) closes (with unread
     bytes pending, the client gets a reset). rcvbuf sets SO_RCVBUF, to bound
     what the client can have in flight. Everything received is in .received
@@ -138,6 +140,11 @@ class ScriptedPeer:
             kind = step[0]
             if kind == "send":
                 conn.sendall(step[1])
+            elif kind == "drip":
+                # a client that went away makes a later send fail (EPIPE, ECONNRESET)
+                for i in range(len(step[1])):
+                    conn.sendall(step[1][i:i + 1])
+                    time.sleep(step[2])
             elif kind == "line":
                 if not self._read_until(conn, got, b"\n"):
                     return

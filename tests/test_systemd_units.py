@@ -88,6 +88,14 @@ def test_queue_socket_units_come_before_smtp_and_delivery():
     assert re.search(r"^Restart=always$", text("qmail-send.service"), re.M)
 
 
+def test_the_smtp_socket_limits_connections_per_client_address():
+    # as qmail-smtpd-listen's defaults: -c 40, -s half of it
+    smtp = text("qmail-smtpd.socket")
+    assert re.search(r"^Accept=yes$", smtp, re.M)     # the per-source limit needs Accept=yes
+    assert unit_value("qmail-smtpd.socket", "MaxConnections") == "40"
+    assert unit_value("qmail-smtpd.socket", "MaxConnectionsPerSource") == "20"
+
+
 def test_systemd_analyze_verify_is_clean(installed, tmp_path):
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed (apt-get install systemd)")

@@ -1,25 +1,30 @@
-"""qmail-smtpd-listen [-c limit] [-l localname] HOST:PORT: a forking listener for qmail-smtpd.
+"""qmail-smtpd-listen [-c limit] [-s perclient] [-l localname] HOST:PORT: a forking listener
+for qmail-smtpd.
 
 Per-client rules (tcprules' source format) come from control/smtpclients.
 """
 import os
 import sys
 
-USAGE = "qmail-smtpd-listen: usage: qmail-smtpd-listen [ -c limit ] [ -l localname ] host:port\n"
+USAGE = ("qmail-smtpd-listen: usage: qmail-smtpd-listen [ -c limit ] [ -s perclient ]"
+         " [ -l localname ] host:port\n")
 
 
 def _parse(argv):
     from qmailpy.inject.sgetopt import GetoptError, sgetopt
     try:
-        opts, args = sgetopt(argv, "c:l:")
+        opts, args = sgetopt(argv, "c:s:l:")
     except GetoptError:
         return None
-    limit, local = 40, None
+    limit, per_source, local = 40, None, None
     for opt, value in opts:
-        if opt == "c":
-            if not value.isdigit() or int(value) < 1:
+        if opt in ("c", "s"):
+            if not value.isascii() or not value.isdigit() or int(value) < 1:
                 return None
-            limit = int(value)
+            if opt == "c":
+                limit = int(value)
+            else:
+                per_source = int(value)
         elif opt == "l":
             local = value
     if len(args) != 1:
@@ -27,7 +32,7 @@ def _parse(argv):
     host, sep, port = args[0].rpartition(":")
     if not sep or not port.isdigit() or not host:
         return None
-    return host.strip("[]"), int(port), limit, local
+    return host.strip("[]"), int(port), limit, per_source, local
 
 
 def _warn(text):
@@ -45,7 +50,7 @@ def main(argv=None):
     if parsed is None:
         sys.stderr.write(USAGE)
         return 100
-    host, port, limit, local = parsed
+    host, port, limit, per_source, local = parsed
     from qmailpy.home import ControlError, control_value, qmail_home
     from qmailpy.smtpd.listener import Listener, Rules
     # Loaded once here so that each forked session starts with them in memory.
@@ -79,7 +84,7 @@ def main(argv=None):
         return 111
     try:
         listener = Listener(host, port, handler, limit=limit, local_host=local,
-                            rules=rules, warn=_warn)
+                            rules=rules, warn=_warn, per_source=per_source)
     except OSError as e:
         sys.stderr.write("qmail-smtpd-listen: fatal: unable to bind %s:%d: %s\n"
                          % (host, port, e.strerror))

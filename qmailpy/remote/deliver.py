@@ -37,7 +37,7 @@ def smtp_address(addr):
 
 
 class Controls:
-    __slots__ = ("timeout", "timeoutconnect", "helohost", "routes")
+    __slots__ = ("timeout", "timeoutconnect", "session", "helohost", "routes")
 
 
 def read_controls(home):
@@ -47,6 +47,7 @@ def read_controls(home):
     c = Controls()
     c.timeout = control_int(home, "timeoutremote", 1200)
     c.timeoutconnect = control_int(home, "timeoutconnect", 60)
+    c.session = max(0, control_int(home, "timeoutremotesession", 3600))     # 0: no deadline
     helo = control_value(home, "helohost")
     if helo is None:
         helo = control_value(home, "me")
@@ -131,7 +132,9 @@ def deliver(args, home, messfd=0, lookup=None, now=None, pid=None):
             continue
         table.record(ip, False)
         records = []
-        conn = smtp.Connection(sock, controls.timeout)
+        import time
+        deadline = time.monotonic() + controls.session if controls.session else None
+        conn = smtp.Connection(sock, controls.timeout, deadline)
         verdict = smtp.dialogue(conn, partner, controls.helohost, sender, recipients,
                                 messfd, records)
         records.append(verdict)

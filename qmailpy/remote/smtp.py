@@ -3,12 +3,16 @@
 HELO only; each command is written and its reply read before the next; the
 reply code comes from the first line and continuation lines (4th byte '-')
 are read to the end. Every read and every write has its own timeout
-(timeoutremote). The result is a list of records, each a letter and a text:
-`r` (recipient accepted), `h`/`s` (recipient refused permanently /
-temporarily), then one K, Z or D verdict that ends the run.
+(timeoutremote); not in qmail, the whole dialogue also has a deadline
+(timeoutremotesession), so a peer that drips its replies a byte at a time, each
+within the timeout, is still left (class Deadline). The result is a list of
+records, each a letter and a text: `r` (recipient accepted), `h`/`s`
+(recipient refused permanently / temporarily), then one K, Z or D verdict that
+ends the run.
 """
 import os
 import socket
+import time
 
 SMTP_TEXT_MAX = 5000          # HUGESMTPTEXT
 READ_CHUNK = 65536
@@ -16,6 +20,10 @@ READ_CHUNK = 65536
 
 class Dropped(Exception):
     """The connection broke or timed out."""
+
+
+class Deadline(Dropped):
+    """The dialogue outlasted its deadline."""
 
 
 class PartialLine(Exception):
@@ -75,29 +83,51 @@ def body_chunks(fd, chunk=READ_CHUNK):
 # --- the connection ---------------------------------------------------------
 
 class Connection:
-    """A connected socket with qmail-remote's per-read/per-write timeout."""
+    """A connected socket with qmail-remote's per-read/per-write timeout and, if given,
+    a deadline (time.monotonic()) for everything."""
 
-    def __init__(self, sock, timeout):
+    def __init__(self, sock, timeout, deadline=None):
         self.sock = sock
-        sock.settimeout(timeout if timeout > 0 else 0.001)
+        self.timeout = timeout if timeout > 0 else 0.001
+        self.deadline = deadline
+        sock.settimeout(self.timeout)
         self._buf = b""
         self._pos = 0
         self.text = bytearray()
+
+    def _bound(self):
+        """Before each send or recv: its timeout, shortened to the deadline."""
+        if self.deadline is None:
+            return
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise Deadline("deadline")
+        self.sock.settimeout(min(self.timeout, left))
 
     def write(self, data):
         view = memoryview(data)
         try:
             while view:
+                self._bound()
                 n = self.sock.send(view)
                 view = view[n:]
+        except Deadline:
+            raise
         except OSError as e:           # includes timeouts, EPIPE, ECONNRESET
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                raise Deadline("deadline") from e
             raise Dropped(str(e)) from e
 
     def _get(self):
         if self._pos >= len(self._buf):
             try:
+                self._bound()
                 self._buf = self.sock.recv(4096)
+            except Deadline:
+                raise
             except OSError as e:
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    raise Deadline("deadline") from e
                 raise Dropped(str(e)) from e
             if not self._buf:
                 raise Dropped("EOF")
@@ -174,7 +204,13 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records):
         return (b"ZConnected to " + partner + b" but connection died. "
                 + (b"Possible duplicate! " if critical[0] else b"") + b"(#4.4.2)\n")
 
+    def outlasted():
+        return (b"ZConnected to " + partner + b" but the SMTP session outlasted "
+                b"control/timeoutremotesession. "
+                + (b"Possible duplicate! " if critical[0] else b"") + b"(#4.4.2)\n")
+
     def quit(prepend, append):
+        conn.deadline = None            # the verdict is known: a late QUIT must not change it
         conn.write(b"QUIT\r\n")       # the peer's answer is not awaited
         return prepend + partner + append + b".\n" + conn.said()
 
@@ -231,6 +267,8 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records):
             if code >= 400:
                 return quit(b"Z", b" failed after I sent the message")
             return quit(b"K", b" accepted message")
+        except Deadline:
+            return outlasted()
         except Dropped:
             return dropped()
     finally:

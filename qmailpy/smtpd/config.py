@@ -19,6 +19,9 @@ class SmtpdConfig:
             self.timeout = control_int(home, "timeoutsmtpd", 1200)
             if self.timeout <= 0:
                 self.timeout = 1
+            # deadlines for the whole session and for one DATA, in seconds (0: none)
+            self.session_deadline = max(0, control_int(home, "timeoutsmtpdsession", 3600))
+            self.data_deadline = max(0, control_int(home, "timeoutsmtpddata", 1200))
             self.databytes = control_int(home, "databytes", 0)
             self.maxrcpt = max(0, control_int(home, "maxrcpt", 0))     # 0: no limit
             rcpthosts = control_list(home, "rcpthosts")

@@ -11,6 +11,11 @@ finish on their own.
 Rules (tcprules' source format, see Rules) decide per client address whether a
 connection is refused before any session runs or which variables its session
 gets, as tcpserver -x does.
+
+Not in tcpserver: at most `per_source` sessions run at once for one client
+address (an IPv4 client of a dual-stack socket counted by its IPv4 address); a
+connection beyond that is answered PER_SOURCE_REPLY and closed before any fork,
+so one client cannot take every session slot.
 """
 import os
 import socket
@@ -18,16 +23,28 @@ import socket
 from qmailpy.forkserver import REFUSED, ForkingServer
 from qmailpy.smtpd.tcpenv import unmapped
 
+PER_SOURCE_REPLY = b"421 too many connections from your address (#4.3.2)\r\n"
+
+
+def default_per_source(limit):
+    """Half the sessions (rounded up), as Postfix's per-client default is half its process limit."""
+    return (limit + 1) // 2
+
 
 class Listener(ForkingServer):
     def __init__(self, host, port, handler, limit=40, local_host=None, environ=None,
-                 rules=None, warn=None):
+                 rules=None, warn=None, per_source=None):
         """handler(environ) -> exit status, run in the child with fds 0/1 connected.
 
         rules: a Rules object consulted for each connection; warn(text) is told when
         a changed rules file cannot be used (the previous rules stay in force).
+        per_source: the most sessions one client address may have at once
+        (default_per_source(limit) when None).
         """
         self.handler = handler
+        self.per_source = default_per_source(limit) if per_source is None else per_source
+        self.active = {}            # client address -> sessions running
+        self.source_of = {}         # session pid -> client address
         self.rules = rules
         self.warn = warn
         self.local_host = local_host
@@ -44,11 +61,34 @@ class Listener(ForkingServer):
         """The client's rule variables, or REFUSED (checked before the fork: a denied
         client costs none). An IPv4 client of a dual-stack socket is matched by its
         IPv4 address, as tcpserver names it."""
-        allow, variables = self._rule_for(unmapped(remote[0]))
-        return variables if allow else REFUSED
+        ip = unmapped(remote[0])
+        allow, variables = self._rule_for(ip)
+        if not allow:
+            return REFUSED
+        if self.active.get(ip, 0) >= self.per_source:
+            try:        # a fresh socket's buffer takes it; never wait for this client
+                conn.send(PER_SOURCE_REPLY, socket.MSG_DONTWAIT)
+            except OSError:
+                pass
+            return REFUSED
+        return ip, variables
 
-    def child(self, sock, conn, remote, variables):
-        return self._child(conn, remote, variables)
+    def child(self, sock, conn, remote, context):
+        return self._child(conn, remote, context[1])
+
+    def forked(self, pid, context):
+        ip = context[0]
+        self.active[ip] = self.active.get(ip, 0) + 1
+        self.source_of[pid] = ip
+
+    def reaped(self, pid):
+        ip = self.source_of.pop(pid, None)
+        if ip is not None:
+            left = self.active[ip] - 1
+            if left:
+                self.active[ip] = left
+            else:
+                del self.active[ip]
 
     def _rule_for(self, ip):
         """(allow, variables) for a client; checked in the parent so a denied one costs no fork."""

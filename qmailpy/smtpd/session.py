@@ -3,7 +3,10 @@
 Replies are buffered and flushed just before the next read, as qmail's
 substdio does, so a pipelining client gets one write per batch. Every read and
 write is bounded by timeoutsmtpd; a read timeout is answered with 451, a write
-timeout or EOF ends the session silently.
+timeout or EOF ends the session silently. Not in qmail: the whole session
+(timeoutsmtpdsession) and each DATA (timeoutsmtpddata) have deadlines, so a
+client that keeps every single wait short (one byte a second) is still cut off,
+with the same 451; a DATA cut off queues nothing.
 """
 import os
 import select
@@ -42,12 +45,15 @@ R_TIMEOUT = b"451 timeout (#4.4.2)\r\n"
 R_SMTPLF = b"451 See https://cr.yp.to/docs/smtplf.html.\r\n"
 R_TOO_LONG = b"500 command line too long (#5.5.2)\r\n"
 
+# After a deadline, the 451 gets this long to go out to a client that does not read.
+DEADLINE_GRACE = 5
+
 
 class _End(Exception):
     """The session is over; .code is the exit status, .reply a last reply or None."""
 
-    def __init__(self, code, reply=None):
-        self.code, self.reply = code, reply
+    def __init__(self, code, reply=None, deadline=False):
+        self.code, self.reply, self.deadline = code, reply, deadline
 
 
 class Session:
@@ -65,16 +71,27 @@ class Session:
         self.rcpt = []
         self.fakehelo = None
         self._local_ips = None
+        self.until = None           # time.monotonic() deadline of the session or DATA
 
     # -- I/O -------------------------------------------------------------
+    def _wait_ms(self):
+        """How long one read or write may wait: timeoutsmtpd, or less before a deadline."""
+        wait = self.cfg.timeout if self.cfg else 1200
+        if self.until is not None:
+            left = self.until - time.monotonic()
+            if left <= 0:
+                return 0
+            wait = min(wait, left)
+        return max(1, int(wait * 1000))
+
     def flush(self):
         view = memoryview(self.out)
-        timeout_ms = (self.cfg.timeout if self.cfg else 1200) * 1000
         poller = select.poll()
         poller.register(self.out_fd, select.POLLOUT)
         try:
             while view:
-                if not poller.poll(timeout_ms):
+                wait = self._wait_ms()
+                if not wait or not poller.poll(wait):
                     raise _End(1)
                 view = view[os.write(self.out_fd, view):]
         except OSError:
@@ -85,12 +102,16 @@ class Session:
 
     def fill(self):
         """Flush replies, then wait (timeoutsmtpd) for more input; EOF ends the session."""
+        if self.until is not None and time.monotonic() >= self.until:
+            raise _End(1, R_TIMEOUT, deadline=True)
         if self.out:
             self.flush()
         poller = select.poll()
         poller.register(self.in_fd, select.POLLIN)
-        if not poller.poll(self.cfg.timeout * 1000):
-            raise _End(1, R_TIMEOUT)
+        wait = self._wait_ms()
+        if not wait or not poller.poll(wait):
+            raise _End(1, R_TIMEOUT, deadline=self.until is not None
+                       and time.monotonic() >= self.until)
         try:
             data = os.read(self.in_fd, READ_SIZE)
         except OSError:
@@ -122,6 +143,8 @@ class Session:
                 self.cfg = SmtpdConfig(self.home, self.environ)
             except SetupError:
                 raise _End(1, R_CONTROLS)
+            if self.cfg.session_deadline:
+                self.until = time.monotonic() + self.cfg.session_deadline
             self.out += b"220 " + self.cfg.greeting + b" ESMTP\r\n"
             while True:
                 line = self.readline()
@@ -132,6 +155,8 @@ class Session:
         except _End as end:
             if end.reply:
                 self.out += end.reply
+            # the last reply after a deadline gets a short grace, else timeoutsmtpd
+            self.until = time.monotonic() + DEADLINE_GRACE if end.deadline else None
             if self.out:
                 try:
                     self.flush()
@@ -275,6 +300,11 @@ class Session:
             return
         cfg = self.cfg
         self.out += R_GO_AHEAD
+        session_until = self.until
+        if cfg.data_deadline:
+            # counted from the 354; the reply goes out with the first read
+            data_until = time.monotonic() + cfg.data_deadline
+            self.until = data_until if session_until is None else min(session_until, data_until)
         try:
             qq.write(received_line(cfg.remotehost, self.fakehelo, cfg.remoteinfo,
                                    cfg.remoteip, cfg.localhost))
@@ -292,6 +322,7 @@ class Session:
         except BaseException:
             qq.abort()
             raise
+        self.until = session_until
         if reader.hops >= MAX_HOPS:
             qq.abort()
             self.out += R_HOPS
