@@ -1,9 +1,10 @@
 """qmail-queue's side of the log backend: the ENVELOPE append (S2 -> S4).
 
 qmail-queue writes the body to mess/ exactly as for the directory backend
-(S1 -> S2: pid/ file, link to mess/S/n, Received line + fd 0, fsync); then, instead
-of intd/ and todo/, it appends one ENVELOPE record and returns only once the record
-is durable. Concurrent qmail-queues share fsyncs (logcommit's group commit).
+(S1 -> S2: pid/ file, link to mess/S/n, Received line + fd 0, fsync; the steps
+are qmailpy.mess, shared by both); then, instead of intd/ and todo/, it appends
+one ENVELOPE record and returns only once the record is durable. Concurrent
+qmail-queues share fsyncs (logcommit's group commit).
 
 Imports stay small: this runs once per message.
 """
@@ -12,6 +13,7 @@ import time
 
 from qmailpy.backends.logcommit import LOG_DIR, LogWriter
 from qmailpy.backends.logrecords import encode_envelope
+from qmailpy.mess import Failure, create_mess, fill_mess
 
 
 
@@ -30,20 +32,17 @@ def append_envelope(queue_dir, n, uid, qp, sender, recipients, now=None, writer=
 
 
 def write_body(queue_dir, message, received):
-    """S1 -> S2 as qmail-queue does it (its own steps, qmailqueue.create_mess and
-    fill_mess): the new message's number n (its mess inode).
+    """S1 -> S2 with qmail-queue's own steps (qmailpy.mess.create_mess and fill_mess):
+    the new message's number n (its mess inode).
 
     For callers that queue from memory (tests, benchmarks, conversion); OSError
     names qmail-queue's exit code on failure."""
-    from qmailpy.queue.qmailqueue import create_mess, failure_code, fill_mess
     fd = None
     try:
         fd, n, messdir, messfn = create_mess(queue_dir, os.getpid(), int(time.time()))
         fill_mess(fd, messdir, received + message, lambda: b"")
-    except Exception as e:
-        code = failure_code(e)
-        if code is None:
-            raise
+    except Failure as e:
+        code = e.code
         if fd is not None:
             try:
                 os.unlink(messfn)

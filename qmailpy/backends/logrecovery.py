@@ -27,6 +27,7 @@ from qmailpy.backends.logcursor import Cursor, Runner
 from qmailpy.backends.logdamage import quarantined
 from qmailpy.backends.loginflight import InFlight
 from qmailpy.backends.logsegments import now as _now
+from qmailpy.fileio import write_all
 
 CHECKPOINT_EVERY = 5
 CHECKPOINT = "checkpoint"
@@ -290,7 +291,7 @@ class LogRecovery:
         tmp = os.path.join(self.logdir, CHECKPOINT + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o660)
         try:
-            os.write(fd, data)
+            write_all(fd, data)       # all of it, or OSError: the rename below is never reached
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -11,6 +11,10 @@ plus the "syncdir" promise qmail lacks on Linux: the directories whose entries
 the state machine relies on are fsync'd, so that exit 0 means the message
 survives a power cut (see _sync_dir).
 
+The steps up to S2 (pid/ file to an fsync'd mess/S/n) are qmailpy.mess, which
+the log backend's in-memory enqueue uses too; this module adds the alarm and
+signals, the accounts, the queue lock, intd/todo or the ENVELOPE, and the trigger.
+
 run() returns the exit code instead of exiting, so an injector can run it in a
 forked child (qmailpy.queue.client) without starting a new interpreter.
 
@@ -33,11 +37,12 @@ except ImportError:               # pragma: no cover - other interpreters
 
 from qmailpy.envelope import MAX_ADDRESS, date822
 from qmailpy.fileio import write_all
-from qmailpy.layout import SPLIT
 from qmailpy.fileio import fsync_dir as _sync_dir   # see there: exit 0 must survive a power cut
+# S1 -> S2 (pid/ file, mess/S/n, Received line + body, fsyncs) is shared with the log
+# backend's enqueue; its Failure is this program's exit, whichever step raises it.
+from qmailpy.mess import CHUNK as _CHUNK, Failure as _Exit, create_mess, fill_mess
 
 DEATH = 86400                     # qmail-queue's self-timer (seconds)
-_CHUNK = 65536
 
 # Signals qmail-queue ignores; SIGALRM ends it with 52 (no cleanup).
 _IGNORED = ("SIGPIPE", "SIGINT", "SIGQUIT", "SIGHUP", "SIGVTALRM", "SIGPROF", "SIGXCPU", "SIGXFSZ")
@@ -46,16 +51,6 @@ _IGNORED = ("SIGPIPE", "SIGINT", "SIGQUIT", "SIGHUP", "SIGVTALRM", "SIGPROF", "S
 # handler runs later, between bytecodes, so a real fault would simply recur
 # forever; the process dies instead and the caller reports "qq crashed".
 _BUGS = ("SIGABRT", "SIGSYS", "SIGTRAP")
-
-
-class _Exit(Exception):
-    def __init__(self, code):
-        self.code = code
-
-
-def failure_code(exc):
-    """The exit code carried by one of create_mess's or fill_mess's exceptions, else None."""
-    return exc.code if isinstance(exc, _Exit) else None
 
 
 def _alarm(signum, frame):
@@ -144,67 +139,6 @@ def run_from(home, read_message, read_envelope, uid=None, tidy=False):
         return 81
     finally:
         queue.release_queue()
-
-
-def create_mess(queue_dir, pid, start):
-    """S1 -> S2, first half: (fd, n, messdir, messfn) of a new, empty mess/S/n.
-
-    A fresh inode under pid/ (O_EXCL, seq 1..9), linked into mess/ under its
-    number, its pid/ name removed. _Exit(63) or _Exit(64) as qmail-queue."""
-    prefix = "" if queue_dir == "." else queue_dir + "/"
-    for seq in range(1, 10):
-        pidfn = "%spid/%d.%d.%d" % (prefix, pid, start, seq)
-        try:
-            fd = os.open(pidfn, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            break
-        except OSError:
-            continue
-    else:
-        raise _Exit(63)
-    try:
-        n = os.fstat(fd).st_ino
-        messdir = "%smess/%d" % (prefix, n % SPLIT)
-        messfn = "%s/%d" % (messdir, n)
-        try:
-            os.link(pidfn, messfn)
-        except OSError:
-            raise _Exit(64) from None
-        try:
-            os.unlink(pidfn)
-        except OSError:
-            raise _Exit(63) from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, n, messdir, messfn
-
-
-def fill_mess(fd, messdir, first, read):
-    """S1 -> S2, second half: first, then read() until b"", into fd; fsync it and messdir.
-
-    _Exit(54) when read fails, _Exit(53) when writing or syncing does; the caller
-    removes the file then."""
-    buf = first
-    while True:
-        try:
-            chunk = read()
-        except OSError:
-            raise _Exit(54) from None
-        if chunk:
-            buf = buf + chunk if buf else chunk
-        if buf and (len(buf) >= _CHUNK or not chunk):
-            try:
-                write_all(fd, buf)
-            except OSError:
-                raise _Exit(53) from None
-            buf = b""
-        if not chunk:
-            break
-    try:
-        os.fsync(fd)
-        _sync_dir(messdir)            # mess/S/n must be on disk before todo/n can be
-    except OSError:
-        raise _Exit(53) from None
 
 
 class _Queue:

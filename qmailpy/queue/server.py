@@ -5,9 +5,9 @@ socket (every local user may connect) and optionally on TCP. For each
 connection it forks (no exec: qmail-queue's code is already loaded, see
 qmailqueue.prepare); the child reads one request against a deadline and runs
 qmail-queue's code (qmailqueue.run_from) while it reads, with the message
-streamed into mess/ and the envelope into intd/ (or the log), for the uid the
-kernel reports for a local client (SO_PEERCRED) or qmaild's uid for a TCP
-client ("from network"). Its answer is qmail-qmqpd's: "Kok TIME qp PID",
+streamed into mess/ (qmailpy.mess) and the envelope into intd/ (or the log),
+for the uid the kernel reports for a local client (SO_PEERCRED) or qmaild's uid
+for a TCP client ("from network"). Its answer is qmail-qmqpd's: "Kok TIME qp PID",
 or qmail-queue's text for its exit code. A request that breaks the protocol,
 ends early or outlasts the deadline leaves nothing in the queue: every file
 made for it is removed before the answer (or the close).

@@ -1,0 +1,88 @@
+"""Writing a new message body into mess/ (S1 -> S2), the one place it is done.
+
+The steps are qmail-queue's (docs/queue-format.md "qmail-queue (S1→S4)", steps 2 to 4;
+docs/queue-format.md "mess/S/n"), the same for both backends:
+
+  pid/{pid}.{start}.{seq} (O_EXCL, seq 1..9) -> link to mess/S/n -> unlink the pid name
+  -> the first bytes (the Received line) + the body -> fsync the file -> fsync mess/S
+
+qmail-queue (qmailpy.queue.qmailqueue, also run by qmail-qmqpd's children) and
+the log backend's in-memory enqueue (qmailpy.backends.logenqueue) call these.
+A failed step raises Failure carrying qmail-queue's exit code.
+
+Imports stay what qmail-queue already loads: this runs once per message.
+"""
+import os
+
+from qmailpy.fileio import fsync_dir, write_all
+from qmailpy.layout import SPLIT
+
+CHUNK = 65536                     # qmail-queue's buffer: bytes per read, and per write of the body
+
+
+class Failure(Exception):
+    """A step of qmail-queue failed; .code is its exit code (docs/protocols.md "qmail-queue interface")."""
+
+    def __init__(self, code):
+        self.code = code
+
+
+def create_mess(queue_dir, pid, start):
+    """S1 -> S2, first half: (fd, n, messdir, messfn) of a new, empty mess/S/n.
+
+    A fresh inode under pid/ (O_EXCL, seq 1..9), linked into mess/ under its
+    number, its pid/ name removed. Failure(63) or Failure(64) as qmail-queue."""
+    prefix = "" if queue_dir == "." else queue_dir + "/"
+    for seq in range(1, 10):
+        pidfn = "%spid/%d.%d.%d" % (prefix, pid, start, seq)
+        try:
+            fd = os.open(pidfn, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            break
+        except OSError:
+            continue
+    else:
+        raise Failure(63)
+    try:
+        n = os.fstat(fd).st_ino
+        messdir = "%smess/%d" % (prefix, n % SPLIT)
+        messfn = "%s/%d" % (messdir, n)
+        try:
+            os.link(pidfn, messfn)
+        except OSError:
+            raise Failure(64) from None
+        try:
+            os.unlink(pidfn)
+        except OSError:
+            raise Failure(63) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, n, messdir, messfn
+
+
+def fill_mess(fd, messdir, first, read):
+    """S1 -> S2, second half: first, then read() until b"", into fd; fsync it and messdir.
+
+    Failure(54) when read fails, Failure(53) when writing or syncing does; the
+    caller removes the file then."""
+    buf = first
+    while True:
+        try:
+            chunk = read()
+        except OSError:
+            raise Failure(54) from None
+        if chunk:
+            buf = buf + chunk if buf else chunk
+        if buf and (len(buf) >= CHUNK or not chunk):
+            try:
+                write_all(fd, buf)
+            except OSError:
+                raise Failure(53) from None
+            buf = b""
+        if not chunk:
+            break
+    try:
+        os.fsync(fd)
+        fsync_dir(messdir)            # mess/S/n must be on disk before todo/n (or ENVELOPE) can be
+    except OSError:
+        raise Failure(53) from None
