@@ -3,8 +3,10 @@
 A SIGKILL leaves the page cache intact; a power cut does not. This module builds the
 states a disk may hold after a power cut in the middle of a protocol:
 
-1. record(): run a protocol under strace against a real home, starting from a copy of
-   the home taken before the run (`pre`); every file-system call under the home is
+1. record() or start_recording(): run a protocol under strace against real directories
+   (the roots: a home's queue/, control/, the users' homes with their Maildirs),
+   starting from a copy of them taken before the run (`pre`, one folder per root, see
+   snapshot()); every file-system call under a root is
    turned into a logical operation on paths and inodes (Op): create, write (offset and
    bytes), truncate, link, rename, unlink, mkdir, rmdir, fsync of a file, fsync of a
    directory. The exit of each process named in the protocol's manifest with status 0
@@ -16,8 +18,10 @@ states a disk may hold after a power cut in the middle of a protocol:
    single non-durable operation dropped; every prefix with all of them dropped; every
    prefix with its last non-durable write torn to its first half (ext4 data=ordered
    keeps a prefix of unsynced appends). Identical trees are explored once.
-3. materialise(): the pre-run copy plus the operations a state keeps, written into a
-   home whose other files (users/, bin/) stay as they are.
+3. materialise(): the pre-run copy plus the operations a state keeps, written into the
+   roots; the home's other files (users/, bin/) stay as they are.
+
+Paths in a Tree and an Op are relative to pre: "queue/mess/3/123", "homes/a/Maildir/new/x".
 
 The checks (what recovery must achieve in each state) belong to the test that uses this.
 """
@@ -76,18 +80,21 @@ class Op:
 class Tree:
     """Names (relative paths) -> inodes, inode contents, directories; what a disk holds."""
 
-    def __init__(self, names, contents, dirs):
+    def __init__(self, names, contents, dirs, fifos=frozenset()):
         self.names, self.contents, self.dirs = names, contents, dirs
+        self.fifos = fifos              # named pipes (lock/trigger): as before the run
 
     @classmethod
     def scan(cls, root):
-        names, contents, dirs = {}, {}, set()
+        names, contents, dirs, fifos = {}, {}, set(), set()
         for dirpath, dirnames, filenames in os.walk(root):
             rel = os.path.relpath(dirpath, root)
             dirs.add("" if rel == "." else rel)
             for name in filenames:
                 path = os.path.join(dirpath, name)
                 st = os.lstat(path)
+                if stat.S_ISFIFO(st.st_mode):
+                    fifos.add(os.path.relpath(path, root))
                 if not stat.S_ISREG(st.st_mode):
                     continue
                 ino = "p%d" % st.st_ino
@@ -95,10 +102,10 @@ class Tree:
                 if ino not in contents:
                     with open(path, "rb") as f:
                         contents[ino] = f.read()
-        return cls(names, contents, dirs)
+        return cls(names, contents, dirs, frozenset(fifos))
 
     def copy(self):
-        return Tree(dict(self.names), dict(self.contents), set(self.dirs))
+        return Tree(dict(self.names), dict(self.contents), set(self.dirs), self.fifos)
 
     def size(self, ino):
         return len(self.contents.get(ino, b""))
@@ -215,16 +222,17 @@ class _Proc:
 
 
 class Recording:
-    """ops, acks {tag: index into ops}, pre (path of the pre-run copy), root (the home)."""
+    """ops, acks {tag: index into ops}, pre (path of the pre-run copy), roots."""
 
-    def __init__(self, root, pre, ops, acks, exits):
-        self.root, self.pre, self.ops, self.acks, self.exits = root, pre, ops, acks, exits
+    def __init__(self, roots, pre, ops, acks, exits):
+        self.roots, self.pre, self.ops, self.acks, self.exits = roots, pre, ops, acks, exits
 
 
-def parse(trace_path, root, pre, manifest):
-    """The Recording of strace output in trace_path for the home at root, whose pre-run
-    copy is pre. manifest: {pid: tag}; a tag is acknowledged where its pid exits 0."""
-    root = os.path.realpath(root)
+def parse(trace_path, roots, pre, manifest):
+    """The Recording of strace output in trace_path for roots ({name: directory}), whose
+    pre-run copy is pre (see snapshot()). manifest: {pid: tag}; a tag is acknowledged
+    where its pid exits 0."""
+    roots = {name: os.path.realpath(path) for name, path in roots.items()}
     live = Tree.scan(pre)
     ops, acks, exits = [], {}, {}
     procs, pending = {}, {}
@@ -234,10 +242,11 @@ def parse(trace_path, root, pre, manifest):
         if path is None:
             return None
         path = os.path.normpath(path)
-        if path == root:
-            return ""
-        if path.startswith(root + "/"):
-            return path[len(root) + 1:]
+        for name, root in roots.items():
+            if path == root:
+                return name
+            if path.startswith(root + "/"):
+                return name + path[len(root):]
         return None
 
     def proc(pid):
@@ -425,18 +434,51 @@ def parse(trace_path, root, pre, manifest):
         if name == "execve":
             continue
         handle(pid, name, _split_args(argstr), ret, retpath)
-    return Recording(root, pre, ops, acks, exits)
+    return Recording(roots, pre, ops, acks, exits)
 
 
-def record(argv, root, pre, workdir, env=None, cwd=None):
-    """Run argv under strace (following forks); the trace's path. The caller's program
-    must leave a manifest and copy the home to pre before it starts (see the tests)."""
+def snapshot(roots, pre):
+    """Copy each root to pre/NAME (owners, modes and hard links kept): the pre-run state."""
+    os.makedirs(pre)
+    for name, path in roots.items():
+        subprocess.run(["cp", "-a", path, os.path.join(pre, name)], check=True)
+
+
+def hold(roots, holddir):
+    """Hard-link every file under the roots into holddir (same file system): files the
+    run removes keep their inodes, as the states before the removal still hold them."""
+    os.makedirs(holddir)
+    n = 0
+    for path in roots.values():
+        for dirpath, _, filenames in os.walk(path):
+            for name in filenames:
+                full = os.path.join(dirpath, name)
+                if stat.S_ISREG(os.lstat(full).st_mode):
+                    n += 1
+                    os.link(full, os.path.join(holddir, str(n)))
+
+
+def _strace(argv, trace):
+    return ["strace", "-f", "-q", "-X", "raw", "-xx", "-s", "1000000", "-y", "-o", trace,
+            "-e", "trace=" + SYSCALLS] + list(argv)
+
+
+def record(argv, workdir, env=None, cwd=None):
+    """Run argv under strace (following forks) to its end; the trace's path. Take the
+    snapshot() before, and let the program leave a manifest of its acknowledged runs."""
     trace = os.path.join(workdir, "trace")
-    cmd = ["strace", "-f", "-q", "-X", "raw", "-xx", "-s", "1000000", "-y", "-o", trace,
-           "-e", "trace=" + SYSCALLS] + list(argv)
-    done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, timeout=300)
+    done = subprocess.run(_strace(argv, trace), env=env, cwd=cwd, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     return trace
+
+
+def start_recording(argv, workdir, env=None, cwd="/", stdout=None):
+    """Start argv under strace for a daemon the caller stops; (Popen of strace, trace path).
+    strace runs in a session of its own, so its tracees are one process group."""
+    trace = os.path.join(workdir, "trace")
+    proc = subprocess.Popen(_strace(argv, trace), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                            stdout=stdout, stderr=stdout, start_new_session=True)
+    return proc, trace
 
 
 # -- crash states ----------------------------------------------------------------------
@@ -513,14 +555,22 @@ def states(rec, single_drops=True):
     return out
 
 
-def materialise(tree, target, owner_of):
-    """Make target hold exactly tree (replacing whatever it held), hard links included.
-    owner_of(relpath) -> (uid, gid, mode) of each file and directory."""
-    if os.path.exists(target):
-        shutil.rmtree(target)
+def materialise(tree, roots, owner_of):
+    """Make each root hold exactly its part of tree (replacing whatever it held), hard
+    links included. owner_of(relpath) -> (uid, gid, mode) of each file and directory."""
+    for name, path in roots.items():
+        if os.path.exists(path):
+            shutil.rmtree(path)
     root = os.geteuid() == 0
+
+    def target(rel):
+        name, _, rest = rel.partition("/")
+        return os.path.join(roots[name], rest) if rest else roots[name]
+
     for d in sorted(tree.dirs):
-        path = os.path.join(target, d) if d else target
+        if d.split("/")[0] not in roots:
+            continue                            # "" (pre itself)
+        path = target(d)
         os.makedirs(path, exist_ok=True)
         uid, gid, mode = owner_of(d)
         os.chmod(path, mode)
@@ -529,7 +579,7 @@ def materialise(tree, target, owner_of):
     written = {}
     for path in sorted(tree.names):
         ino = tree.names[path]
-        full = os.path.join(target, path)
+        full = target(path)
         os.makedirs(os.path.dirname(full), exist_ok=True)   # a name whose mkdir was lost
         if ino in written:
             os.link(written[ino], full)
@@ -544,6 +594,14 @@ def materialise(tree, target, owner_of):
         finally:
             os.close(fd)
         written[ino] = full
+    for path in sorted(tree.fifos):
+        full = target(path)
+        if os.path.isdir(os.path.dirname(full)):
+            uid, gid, mode = owner_of(path)
+            os.mkfifo(full, mode)
+            os.chmod(full, mode)
+            if root:
+                os.chown(full, uid, gid)
 
 
 def owners(post, pre):

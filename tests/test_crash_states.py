@@ -1,16 +1,24 @@
 """Power cuts at every point of a protocol: the crash-state explorer (tests/crashstates.py).
 
-Each test records a protocol's file-system calls with strace against a real home, builds
-every disk state a power cut may leave (prefixes, unsynced operations lost, the last
-unsynced write torn), and for each one runs the real recovery and checks what a user
-sees: every message acknowledged before the crash (its qmail-queue exited 0) is in the
-recipients' Maildirs at least once, every delivered message is whole, and qmail-send
-leaves no envelope behind. On the log backend a new qmail-queue arrives before
-qmail-send starts, as after a boot where nothing orders the two, and the disk is from
-a previous boot (the commit word's boot id is not this boot's).
+Each test records a protocol's file-system calls with strace against a real home (its
+queue/, control/ and the users' homes with their Maildirs), builds every disk state a
+power cut may leave (every prefix of the calls; unsynced operations lost, one or all;
+the last unsynced write torn), and for each one runs the real recovery and checks what
+a user sees: every message acknowledged before the crash (its qmail-queue exited 0, or
+it was queued before the recording) reached every recipient's Maildir at least once (a
+bounce counts for a recipient that does not exist), every delivered message is whole,
+and the queue drains: qmail-send ends every message and leaves no envelope behind.
 
-The default run explores every distinct state of each protocol; CRASHSTATES_FULL=1 adds
-the longer protocols. The number of states explored is printed per protocol.
+Recovery is what a boot does: a new qmail-queue arrives first (nothing orders cron or
+an SMTP socket unit after qmail-send), with the log's commit word from a previous boot;
+after a cut-off `qmailctl convert` the administrator runs it again; then qmail-send.
+
+Protocols: qmail-queue (both backends; on the log backend group commit and rotation),
+qmail-send's whole run (preprocessing, local deliveries with their marks, a bounce,
+qmail-clean's removals; on the log backend recovery, checkpoints and the deletion of a
+garbage segment) and `qmailctl convert` both ways. Long protocols are checked on an
+even spread of CAP of their distinct states unless CRASHSTATES_FULL=1; each test
+prints how many states it explored of how many distinct ones.
 """
 import json
 import os
@@ -21,6 +29,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -29,14 +38,18 @@ from inotify_simple import INotify, flags
 import crashstates as cs
 from conftest import AS_ROOT, make_home, traversable_base
 from lspawn_harness import LocalUsers
+from qmailpy.backends.logcommit import list_segments, segment_name
+from qmailpy.layout import relpath
 from queue_view import leftovers
 from send_harness import Daemons
 
 pytestmark = pytest.mark.skipif(not cs.strace_available(), reason="strace is not installed")
 
 FULL = os.environ.get("CRASHSTATES_FULL") == "1"
-LIMIT = int(os.environ.get("CRASHSTATES_LIMIT", "0")) or None
+CAP = int(os.environ.get("CRASHSTATES_CAP", "40"))
 RCPTS = ["a@test.example", "b@test.example"]
+SENDER = "joe@test.example"
+NOUSER = "nosuch@test.example"          # no such local user: its message bounces to SENDER
 
 DRIVER = r'''
 import json, os, subprocess, sys
@@ -53,7 +66,7 @@ for batch in spec:                      # the runs of one batch run at the same 
     for p, w, tag, rcpts in procs:
         p.stdin.write(%(message)s %% (tag.encode(), tag.encode()))
         p.stdin.close()
-        os.write(w, b"Fjoe@test.example\0" + b"".join(b"T" + r.encode() + b"\0" for r in rcpts) + b"\0")
+        os.write(w, b"F" + %(sender)s + b"\0" + b"".join(b"T" + r.encode() + b"\0" for r in rcpts) + b"\0")
         os.close(w)
     for p, w, tag, rcpts in procs:
         assert p.wait() == 0, tag
@@ -70,75 +83,181 @@ def message(tag):
 
 
 class Explorer:
-    """A home with users a and b, a protocol recorded on it, and the checks per state."""
+    """A home with users a, b and joe (the sender, who gets the bounces), a protocol
+    recorded on it, and the checks per crash state."""
 
     def __init__(self, base, backend):
         self.base = base
         self.home = make_home(base, backend)
         self.backend = backend
         users = LocalUsers(self.home)
-        self.maildirs = {r: os.path.join(users.add(r.split("@")[0]), "Maildir") for r in RCPTS}
+        self.maildirs = {r: os.path.join(users.add(r.split("@")[0]), "Maildir") for r in RCPTS + [SENDER]}
+        self.roots = {"queue": self.home.queue, "control": os.path.join(self.home.path, "control"),
+                      "homes": users.base}
         self.pre = os.path.join(base, "pre")
         self.post = os.path.join(base, "post")
-        self.spec = {}
+        self.spec = {}                  # tag -> the recipients that must get it at least once
+        self.recovery = []              # commands an administrator runs before qmail-send
 
-    def record_queue_runs(self, batches):
-        """Record batches of concurrent qmail-queue runs: [[(tag, recipients), ...], ...]."""
-        subprocess.run(["cp", "-a", self.home.queue, self.pre], check=True)
-        driver = os.path.join(self.base, "driver.py")
-        with open(driver, "w") as f:
-            f.write(DRIVER % {"message": repr(MESSAGE)})
-        manifest = os.path.join(self.base, "manifest")
-        for batch in batches:
-            for tag, rcpts in batch:
-                self.spec[tag] = rcpts
-        trace = cs.record([sys.executable, driver, self.home.path, manifest, json.dumps(batches)],
-                          self.home.queue, self.pre, self.base, env=self.home.env)
-        with open(manifest) as f:
-            pids = {int(k): v for k, v in json.load(f).items()}
-        rec = cs.parse(trace, self.home.queue, self.pre, pids)
-        assert set(rec.acks) == set(self.spec), (rec.acks, pids)
-        # Keep the run's files (and so their inode numbers, which name messages) allocated:
-        # a real disk still holds them, so no new message may take their numbers.
-        os.rename(self.home.queue, self.post)
-        self.owner_of = cs.owners(self.post, self.pre)
-        return rec
+    # -- before the recording: messages queued and acknowledged ------------------------
+    def queue(self, tag, rcpts):
+        done = self.home.queue_message(message(tag), SENDER.encode(), [r.encode() for r in rcpts])
+        assert done.returncode == 0, done.stderr
+        self.spec[tag] = [r for r in rcpts if r in self.maildirs] + ([SENDER] if NOUSER in rcpts else [])
 
-    # -- one crash state -------------------------------------------------------------
-    def explore(self, rec, limit=None):
-        """Check every state; returns (count, failures)."""
-        found = cs.states(rec)
-        failures = []
-        for state, tree in found[:limit]:
-            problem = self.check(rec, state, tree)
-            if problem:
-                failures.append("%s\n    %s" % (state.describe(rec), problem))
-        return len(found[:limit]), failures
-
-    def check(self, rec, state, tree):
-        cs.materialise(tree, self.home.queue, self.owner_of)
-        for md in self.maildirs.values():
-            for sub in ("new", "cur", "tmp"):
-                for name in os.listdir(os.path.join(md, sub)):
-                    os.unlink(os.path.join(md, sub, name))
-        expected = {tag: self.spec[tag] for tag, at in rec.acks.items() if at <= state.prefix}
-        if self.backend == "log":
-            from_previous_boot(self.home.queue)
-            done = self.home.queue_message(message(AFTER), b"joe@test.example", [RCPTS[0].encode()])
-            if done.returncode != 0:
-                return "qmail-queue after the crash exited %d: %s" % (done.returncode, done.stderr[-300:])
-            expected[AFTER] = [RCPTS[0]]
+    def deliver_all(self, count):
+        """Deliver what is queued with the real daemons (not recorded), stop them, and
+        empty the Maildirs."""
         log = os.path.join(self.base, "work", "send.log")
         if os.path.exists(log):
             os.unlink(log)
         d = Daemons(self.home)
         try:
             d.start()
+            d.wait_idle(count)
+        finally:
+            d.stop()
+        for md in self.maildirs.values():
+            for sub in ("new", "cur"):
+                for name in os.listdir(os.path.join(md, sub)):
+                    os.unlink(os.path.join(md, sub, name))
+
+    def fill_segment(self):
+        """Log backend: fill the head segment with finished messages past 4 KB (the least
+        segment size), then set control/logsegmentsize to its size, so that the next
+        append rotates to a new segment and the old one is garbage to delete."""
+        logdir = os.path.join(self.home.queue, "log")
+        n = 0
+        while True:
+            segs = list_segments(logdir)
+            size = os.path.getsize(os.path.join(logdir, segment_name(segs[-1]))) if segs else 0
+            if size > 4200:
+                break
+            for _ in range(10):
+                n += 1
+                self.queue("fill%d" % n, [RCPTS[0]])
+                del self.spec["fill%d" % n]
+            self.deliver_all(10)
+        self.home.control("logsegmentsize", "%d\n" % size)
+
+    # -- recording ---------------------------------------------------------------------
+    def _before_recording(self):
+        cs.snapshot(self.roots, self.pre)
+        # Files the run removes stay allocated (a real disk still holds them in the
+        # states before the removal), so no later message takes their numbers.
+        cs.hold(self.roots, os.path.join(self.base, "hold"))
+
+    def _after_recording(self, trace, manifest):
+        rec = cs.parse(trace, self.roots, self.pre, manifest)
+        os.makedirs(self.post)
+        for name, path in self.roots.items():
+            os.rename(path, os.path.join(self.post, name))
+        self.owner_of = cs.owners(self.post, self.pre)
+        return rec
+
+    def record_queue_runs(self, batches):
+        """Record batches of concurrent qmail-queue runs: [[(tag, recipients), ...], ...]."""
+        driver = os.path.join(self.base, "driver.py")
+        with open(driver, "w") as f:
+            f.write(DRIVER % {"message": repr(MESSAGE), "sender": repr(SENDER.encode())})
+        manifest = os.path.join(self.base, "manifest")
+        self._before_recording()
+        trace = cs.record([sys.executable, driver, self.home.path, manifest, json.dumps(batches)],
+                          self.base, env=self.home.env)
+        with open(manifest) as f:
+            pids = {int(k): v for k, v in json.load(f).items()}
+        for batch in batches:
+            for tag, rcpts in batch:
+                self.spec[tag] = rcpts
+        rec = self._after_recording(trace, pids)
+        assert set(rec.acks) == set(self.spec), (rec.acks, pids)
+        return rec
+
+    def record_send_run(self):
+        """Record qmail-start (qmail-send, qmail-lspawn, qmail-rspawn, qmail-clean, the
+        deliveries and the bounces they queue) until every queued message has ended."""
+        self._before_recording()
+        d = Daemons(self.home)
+        d.offset_of_start = 0
+        with open(d.logpath, "wb") as log:
+            d.proc, trace = cs.start_recording(["qmail-start", "./Maildir/"], self.base,
+                                               env=self.home.env, stdout=log)
+        bounces = sum(1 for rcpts in self.spec.values() if SENDER in rcpts)
+        try:
+            d.wait_for(lambda l: sum(1 for x in l if x.startswith("end msg ")) >= len(self.spec) + bounces
+                       and settled(l), 120, "every message ended")
+            (send,) = psutil.Process(d.proc.pid).children()
+            send.send_signal(signal.SIGTERM)
+            assert d.proc.wait(timeout=60) == 0
+        finally:
+            if d.proc.poll() is None:
+                os.killpg(d.proc.pid, signal.SIGKILL)
+                d.proc.wait()
+        rec = self._after_recording(trace, {})
+        rec.acks = {tag: 0 for tag in self.spec}        # acknowledged before the run
+        return rec
+
+    def record_convert(self, to):
+        """Record `qmailctl convert --to TO` of a stopped queue; an administrator whose
+        conversion was cut off runs it again (qmailctl(8))."""
+        argv = ["qmailctl", "convert", "--to", to, "--quiet"]
+        self._before_recording()
+        trace = cs.record(argv, self.base, env=self.home.env)
+        rec = self._after_recording(trace, {})
+        rec.acks = {tag: 0 for tag in self.spec}
+        self.recovery = [argv]
+        return rec
+
+    # -- one crash state -------------------------------------------------------------
+    def explore(self, rec, cap=None, regressions=()):
+        """Check every state (or `cap` of them, spread evenly over the protocol unless
+        CRASHSTATES_FULL=1, plus every state in which an operation that a regression
+        names was lost); returns (explored, distinct, failures)."""
+        found = cs.states(rec)
+        chosen = found
+        if cap and not FULL and len(found) > cap:
+            spread = {round(i * (len(found) - 1) / (cap - 1)) for i in range(cap)}
+            chosen = [st for i, st in enumerate(found)
+                      if i in spread or any(lost_op(rec, st[0], r) for r in regressions)]
+        failures = []
+        for state, tree in chosen:
+            problem = self.check(rec, state, tree)
+            if problem:
+                failures.append("%s\n    %s" % (state.describe(rec), problem))
+        return len(chosen), len(found), failures
+
+    def check(self, rec, state, tree):
+        cs.materialise(tree, self.roots, self.owner_of)
+        expected = {tag: self.spec[tag] for tag, at in rec.acks.items() if at <= state.prefix}
+        from_previous_boot(self.home.queue)
+        # After a boot nothing orders qmail-queue (cron, an SMTP socket unit) after
+        # qmail-send or the administrator: a message arrives first.
+        done = queue_retrying(self.home, message(AFTER), SENDER.encode(), [RCPTS[0].encode()])
+        if done.returncode != 0:
+            return "qmail-queue after the crash exited %d: %s" % (done.returncode, done.stderr[-300:])
+        expected[AFTER] = [RCPTS[0]]
+        for argv in self.recovery:
+            ran = subprocess.run(argv, env=self.home.env, capture_output=True)
+            if ran.returncode != 0:
+                return "%s exited %d: %s" % (" ".join(argv), ran.returncode, ran.stderr[-500:])
+        log = os.path.join(self.base, "work", "send.log")
+        if os.path.exists(log):
+            os.unlink(log)
+        orphans = orphan_files(self.home.queue)
+        d = Daemons(self.home)
+        try:
+            d.start()
             try:
                 self.wait_delivered(expected)
                 lines = d.wait_for(settled, 30, "every new msg ended")
+                # qmail-send's cleanup walk removes what outlived its message (dirqueue.py)
+                lines = d.wait_for(lambda l: all(any("removed %s left over" % o in x for x in l)
+                                                 for o in orphans), 30, "orphans %s removed" % orphans)
             except AssertionError as e:
-                return "not delivered: %s" % str(e)[:1500]
+                shutil.copy(d.logpath, os.path.join(self.base, "..", "crashstates-failed-send.log"))
+                return "not delivered: %s\n    log: %s\n    maildirs: %s" % (
+                    str(e)[:1500], d.lines(), {r: sorted(os.listdir(os.path.join(md, "new")))
+                                                     for r, md in self.maildirs.items()})
         finally:
             power_off(d)
         problems = []
@@ -159,13 +278,18 @@ class Explorer:
                  and re.sub(r"\D+", " ", x).split()[-1] not in ended]
         if stuck:
             problems.append("left in the queue: %s" % stuck)
+        # A body removed while its message was still referenced shows as a failed open.
+        lost_bodies = [l for l in lines if "unable to open" in l or "No such file" in l]
+        if lost_bodies:
+            problems.append("bodies missing: %s" % lost_bodies[:3])
         warnings = [l for l in lines if re.match(r"^(warning|alert):", l)]
         if problems:
             return "; ".join(problems) + ("\n    log: %s" % warnings if warnings else "")
         return None
 
     def delivered(self):
-        """{recipient: {tag: whole?}} from the Maildirs."""
+        """{recipient: {tag: whole?}} from the Maildirs; a bounce counts for the tag of the
+        message it returns, whole when it ends with that message."""
         out = {}
         for r, md in self.maildirs.items():
             got = out[r] = {}
@@ -182,9 +306,7 @@ class Explorer:
         ino = INotify()
         for md in self.maildirs.values():
             ino.add_watch(os.path.join(md, "new"), flags.MOVED_TO | flags.CREATE)
-        deadline = timeout
-        import time
-        end = time.monotonic() + deadline
+        end = time.monotonic() + timeout
         while True:
             got = self.delivered()
             missing = [(t, r) for t, rs in expected.items() for r in rs if t not in got[r]]
@@ -194,6 +316,49 @@ class Explorer:
             if left <= 0:
                 raise AssertionError("missing deliveries %s" % missing)
             ino.read(timeout=int(min(left, 1.0) * 1000))
+
+
+def lost_op(rec, state, regression):
+    """True if the state lost an operation matching regression: (kind, path prefix)."""
+    kind, prefix = regression
+    return any(rec.ops[i].kind == kind and (rec.ops[i].path or "").startswith(prefix)
+               for i in state.dropped)
+
+
+# Crash states that found defects, always explored (tests/test_dirqueue_orphans.py):
+# a bounce note's new file lost after its recipient was marked done (the bounce was
+# never sent); a todo/ or channel file's removal lost after the message ended (left
+# for good, or inherited by a new message with the same number).
+DIR_SEND_REGRESSIONS = [("create", "queue/bounce/"), ("unlink", "queue/todo/"),
+                        ("unlink", "queue/local/"), ("unlink", "queue/remote/"),
+                        ("unlink", "queue/bounce/")]
+
+
+def orphan_files(queue):
+    """Directory backend: channel and bounce files whose message has neither info/ nor
+    todo/, as a power cut may leave them (tests/test_dirqueue_orphans.py)."""
+    def exists(kind, n):
+        return os.path.exists(os.path.join(queue, relpath(kind, n)))
+    found = []
+    for kind in ("local", "remote", "bounce"):
+        for dirpath, _, names in os.walk(os.path.join(queue, kind)):
+            for name in names:
+                if name.isdigit() and not any(exists(k, int(name)) for k in ("info", "todo")):
+                    found.append(os.path.relpath(os.path.join(dirpath, name), queue))
+    return found
+
+
+def queue_retrying(home, data, sender, rcpts, tries=3):
+    """qmail-queue, tried again after exit 64 (mess/ name taken), as a caller retries a
+    temporary failure. A state rebuilt from the recording holds its files under new
+    inode numbers, so now and then a new message's number is a name the state already
+    has, which on the real disk the inode's own file would have kept from being handed
+    out."""
+    for _ in range(tries):
+        done = home.queue_message(data, sender, rcpts)
+        if done.returncode != 64:
+            return done
+    return done
 
 
 def power_off(d):
@@ -249,10 +414,10 @@ def explorer_base(tmp_path):
             shutil.rmtree(base, ignore_errors=True)
 
 
-def report(name, count, failures):
-    print("crash states explored: %s: %d, failing: %d" % (name, count, len(failures)))
+def report(name, explored, distinct, failures):
+    print("crash states explored: %s: %d of %d distinct, failing: %d" % (name, explored, distinct, len(failures)))
     assert not failures, "%d of %d crash states fail:\n%s" % (
-        len(failures), count, "\n".join(failures[:10]))
+        len(failures), explored, "\n".join(failures[:10]))
 
 
 GROUP_COMMIT = [[("m1", RCPTS), ("m2", RCPTS), ("m3", RCPTS)], [("m4", RCPTS)]]
@@ -262,4 +427,56 @@ def test_log_group_commit_then_a_fourth_message(explorer_base):
     """The issue's reproduction: three concurrent qmail-queues, then a fourth."""
     ex = Explorer(explorer_base, "log")
     rec = ex.record_queue_runs(GROUP_COMMIT)
-    report("log qmail-queue x3 (group commit) + 1", *ex.explore(rec, LIMIT))
+    report("log qmail-queue x3 (group commit) + 1", *ex.explore(rec, None))
+
+
+def test_log_queue_runs_across_a_rotation(explorer_base):
+    """qmail-queue runs that rotate the log to a new segment."""
+    ex = Explorer(explorer_base, "log")
+    ex.fill_segment()
+    rec = ex.record_queue_runs([[("m1", RCPTS), ("m2", RCPTS)], [("m3", RCPTS)]])
+    assert any(op.kind == "create" and op.path.startswith("queue/log/") and "commit" not in op.path
+               for op in rec.ops), "no rotation recorded"
+    report("log qmail-queue x2 + 1 across a rotation", *ex.explore(rec, CAP))
+
+
+def test_dir_queue_runs(explorer_base):
+    ex = Explorer(explorer_base, "dir")
+    rec = ex.record_queue_runs([[("m1", RCPTS), ("m2", RCPTS)], [("m3", RCPTS)]])
+    report("dir qmail-queue x2 + 1", *ex.explore(rec, CAP))
+
+
+def queue_for_send_run(ex):
+    ex.queue("m1", RCPTS)
+    ex.queue("m2", [RCPTS[1]])
+    ex.queue("m3", [RCPTS[0], NOUSER])
+
+
+def test_dir_send_run(explorer_base):
+    """Preprocessing, local deliveries and their marks, a bounce, qmail-clean's removals."""
+    ex = Explorer(explorer_base, "dir")
+    queue_for_send_run(ex)
+    rec = ex.record_send_run()
+    report("dir qmail-send run (3 messages, 4 deliveries, 1 bounce)",
+           *ex.explore(rec, CAP, DIR_SEND_REGRESSIONS))
+
+
+def test_log_send_run(explorer_base):
+    """After a boot: recovery, deliveries, a bounce, checkpoints, a garbage segment deleted."""
+    ex = Explorer(explorer_base, "log")
+    ex.fill_segment()
+    queue_for_send_run(ex)
+    from_previous_boot(ex.home.queue)
+    rec = ex.record_send_run()
+    assert any(op.kind == "unlink" and op.path.startswith("queue/log/") for op in rec.ops), \
+        "no segment deletion recorded"
+    report("log qmail-send run (recovery, 3 messages, 1 bounce, segment deletion)", *ex.explore(rec, CAP))
+
+
+@pytest.mark.parametrize("source,target", [("dir", "log"), ("log", "dir")])
+def test_convert(explorer_base, source, target):
+    ex = Explorer(explorer_base, source)
+    ex.queue("m1", RCPTS)
+    ex.queue("m2", [RCPTS[1]])
+    rec = ex.record_convert(target)
+    report("qmailctl convert --to %s (2 messages)" % target, *ex.explore(rec, CAP))

@@ -203,7 +203,9 @@ class QueueBackend(ABC):
 
     @abstractmethod
     def stale_messages(self, now):
-        """Numbers of S2/S3 leftovers past the 36-hour rule, for elimination."""
+        """Numbers of S2/S3 leftovers past the 36-hour rule, for elimination; None
+        for a step of the walk with nothing for the caller to do (a backend may clean
+        its own orphans on the way, one step at a time, so the walk never blocks)."""
 
     # -- readers: qmail-qread, qmail-qstat, snapshots ---------------------
     @abstractmethod

@@ -248,25 +248,57 @@ class DirQueue(QueueBackend):
             fds.clear()
 
     def _create_info(self, n, info_rel):
-        """info/S/n created O_EXCL, after removing what an interrupted attempt left.
+        """info/S/n created O_EXCL, after removing what an earlier life of number n left.
 
-        qmail unlinks local, remote and info before creating info. Channel files are
-        created after info and removed before it, so when info does not exist
-        neither do they: the unlinks are needed only when the first try finds info."""
+        qmail unlinks local, remote and info before creating info when an interrupted
+        attempt left info. Channel and bounce files are created after info and removed
+        before it, so on a disk that keeps the order of name operations they never
+        outlive info; but none of those unlinks is fsync'd, and after a power cut the
+        disk may keep info's removal and lose a channel or bounce file's. A new message
+        that reuses the number (mess/ inodes are reused) would then inherit the old
+        message's recipients or bounce notes, so they are removed here too."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         try:
-            return os.open(self._path(info_rel), flags, 0o600)
+            fd = os.open(self._path(info_rel), flags, 0o600)
         except FileExistsError:
-            pass
-        for kind in ("local", "remote", "info"):
-            rel = self._rel(kind, n)
-            try:
-                os.unlink(self._path(rel))
-            except FileNotFoundError:
-                pass
-            except OSError:
-                raise QueueError("unable to unlink %s" % rel)
-        return os.open(self._path(info_rel), flags, 0o600)
+            for kind in ("local", "remote", "info"):
+                self._unlink_quietly(self._rel(kind, n))
+            fd = os.open(self._path(info_rel), flags, 0o600)
+        removed = [rel for rel in (self._rel(kind, n) for kind in ("local", "remote", "bounce"))
+                   if self._unlink_quietly(rel)]
+        for rel in removed:
+            self._warn("removed %s left over from an earlier message %d" % (rel, n))
+            self._sync_dir_of(rel)
+        return fd
+
+    def _drop_ended_todo(self, n, mess_rel):
+        """todo/n without its body: qmail-queue links todo/ only after mess/ is durable,
+        and mess/ goes only after the message ended, so this todo entry's own removal
+        was lost to a power cut after the message ended. Ask qmail-clean to remove it
+        (it would be tried every scan for good); QueueError says what happened."""
+        todo_rel = self._rel("todo", n)
+        if self._exists(self._rel("info", n)):
+            raise QueueError("unable to stat %s" % mess_rel)
+        if self._clean(todo_rel) != b"+":
+            raise QueueError("qmail-clean unable to clean up %s" % todo_rel)
+        raise QueueError("removed %s left over from an ended message (no %s)" % (todo_rel, mess_rel))
+
+    def _unlink_quietly(self, rel):
+        """True if rel was there and is gone; ENOENT is False; other errors QueueError."""
+        try:
+            os.unlink(self._path(rel))
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError:
+            raise QueueError("unable to unlink %s" % rel)
+
+    def _sync_dir_of(self, rel):
+        """fsync the directory of rel (a name added or removed there must survive)."""
+        try:
+            fsync_dir(os.path.dirname(self._path(rel)))
+        except OSError:
+            raise QueueError("unable to sync %s" % os.path.dirname(rel))
 
     def _prepare(self, n, route, announce=None):
         """Steps of preprocessing up to (not including) the fsyncs: (Preprocessed, open fds).
@@ -296,6 +328,8 @@ class DirQueue(QueueBackend):
         mess_rel = self._rel("mess", n)
         try:
             size = os.stat(self._path(mess_rel)).st_size
+        except FileNotFoundError:
+            self._drop_ended_todo(n, mess_rel)
         except OSError:
             raise QueueError("unable to stat %s" % mess_rel)
         fds = {}
@@ -410,17 +444,29 @@ class DirQueue(QueueBackend):
         record.done = True
 
     def add_bounce_note(self, n, note):
+        """Append a failure to bounce/n, durably: the caller marks the recipient done
+        next, after which this note is the only trace of the failure. The first note
+        also syncs bounce/ (its new entry), which qmail leaves to the file system."""
         rel = self._rel("bounce", n)
+        path = self._path(rel)
+        created = True
         try:
-            fd = os.open(self._path(rel), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                created = False
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         except OSError:
             raise QueueError("unable to append to bounce message")
         try:
             write_all(fd, note)
+            os.fsync(fd)
         except OSError:
             raise QueueError("unable to append to bounce message")
         finally:
             os.close(fd)
+        if created:
+            self._sync_dir_of(rel)
 
     def finish_channel(self, n, channel):
         rel = self._rel(channel, n)
@@ -497,6 +543,11 @@ class DirQueue(QueueBackend):
                 self._warn(str(e))
 
     def stale_messages(self, now):
+        """The 36-hour cleanup walk: numbers of bodies to remove (mess/ older than 36
+        hours with neither info/ nor todo/), and on the way None for each orphan it
+        removed itself: a local/, remote/ or bounce/ file whose message has neither
+        info/ nor todo/ (channel and bounce files are made after info/ and removed
+        before it), which a power cut can leave (see _create_info)."""
         for s in range(SPLIT):
             try:
                 names = os.listdir("%s/mess/%d" % (self.queue, s))
@@ -518,6 +569,28 @@ class DirQueue(QueueBackend):
                 except QueueError:
                     continue
                 yield n
+        yield from self._orphans()
+
+    def _orphans(self):
+        dirs = ["%s/%d" % (c, s) for c in CHANNELS for s in range(SPLIT)] + ["bounce"]
+        for d in dirs:
+            try:
+                names = os.listdir(self._path(d))
+            except OSError:
+                continue
+            for name in names:
+                if not is_number(name):
+                    continue
+                n = int(name)
+                rel = "%s/%s" % (d, name)
+                try:
+                    if self._exists(self._rel("info", n)) or self._exists(self._rel("todo", n)):
+                        continue
+                    if self._unlink_quietly(rel):
+                        self._warn("removed %s left over from an ended message" % rel)
+                except QueueError as e:
+                    self._warn(str(e))
+                yield None
 
     # -- readers -------------------------------------------------------------
     def list_messages(self):

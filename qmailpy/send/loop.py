@@ -588,6 +588,8 @@ class QmailSend:
             self.cleanup = None
             self.cleanuptime = self.now + SLEEP_CLEANUP
             return
+        if n is None:                   # a step the backend took itself (base.stale_messages)
+            return
         try:
             self.backend.complete(n)
         except QueueError as e:
