@@ -5,13 +5,17 @@ qmail-queue exits 53 ("qq write error or disk full") with nothing in todo/ (or n
 envelope record in the log); qmail-smtpd answers 451; on the log backend a record
 torn by ENOSPC in the middle of an append is cut off by the next appender, never
 trusted; a Maildir on a full file system defers; after space returns, everything
-that was accepted is delivered, once.
+that was accepted is delivered, once. qmail-send working on while the queue's file
+system is full (its preprocessing, or the records of its delivery results, failing)
+delivers every accepted message once space returns, a duplicate allowed where a
+result could not be recorded, and leaves nothing stuck in the queue.
 """
 import os
 import signal
 import struct
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -176,3 +180,58 @@ def test_a_maildir_on_a_full_file_system_defers_then_delivers(small_fs, qmail_ho
     finally:
         daemons.kill()
     assert len(got) == 1 and got[0].endswith(b"z" * 50000 + b"\n")
+
+
+
+@pytest.mark.parametrize("when", ["before preprocessing", "during deliveries"])
+def test_qmail_send_running_on_a_full_queue_loses_nothing(small_fs, queue_backend, tmp_path, when):
+    """qmail-send works on while the queue's file system is full (the Maildir and its own
+    log are elsewhere): its preprocessing, or the records of delivery results, fail.
+    Once space returns and doqueue is sent, every accepted message is delivered."""
+    from conftest import traversable_base
+    home = make_home(small_fs, queue_backend)
+    users = LocalUsers(home)
+    elsewhere = traversable_base(tmp_path)
+    user_home = users.mkdir(os.path.join(elsewhere, "carol"), 0o755)
+    maildir = users.maildir(os.path.join(user_home, "Maildir"))
+    users.add("carol", home=user_home)
+    if when == "during deliveries":            # each delivery takes 2 s before the Maildir
+        users.dotqmail(user_home, "", "|sleep 2\n./Maildir/\n")
+    work = users.mkdir(os.path.join(elsewhere, "work"), 0o777)
+    os.symlink(work, os.path.join(small_fs, "work"))          # qmail-send's log, off the full fs
+    count = 20
+    accepted = set()
+    for i in range(count):
+        assert queue(home, b"Subject: %d\n\nbefore\n" % i, [b"carol@test.example"]).returncode == 0
+        accepted.add(i)
+    filler = None
+    if when == "before preprocessing":
+        filler = fill(small_fs)
+    daemons = Daemons(home).start()
+    try:
+        daemons.wait_started()
+        if when == "during deliveries":
+            daemons.wait_line(r"^starting delivery ", 10)
+            filler = fill(small_fs)
+        time.sleep(5)
+        os.unlink(filler)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            daemons.signal(signal.SIGALRM)           # qmailctl doqueue
+            if queued_count(home) == 0:
+                break
+            time.sleep(1)
+        time.sleep(1)
+        got = maildir_messages(maildir)
+        lines = daemons.lines()
+    finally:
+        daemons.kill()
+    subjects = [int(m.split(b"Subject: ")[1].split(b"\n")[0]) for m in got]
+    print("%s: %d warnings, %d accepted, %d deliveries of %d messages" % (
+        when, sum(1 for line in lines if line.startswith("warning: ")), len(accepted),
+        len(subjects), len(set(subjects))))
+    assert accepted <= set(subjects)
+    # nothing stuck: before the fix the log backend offered a message whose REPLACEMENT
+    # could not be written again and again ("trouble opening local/...") for ever
+    left = home.run(["qmail-qread"]).stdout
+    assert queued_count(home) == 0, left

@@ -212,9 +212,16 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
 
     def finish_channel(self, n, channel):
         a = self._get(n)
-        a.channels.pop(channel, None)
+        state = a.channels.pop(channel, None)
+        try:
+            self._write_snapshot(a, ended=(channel,))
+        except QueueError:
+            # Not written (a full disk): the channel stays as it was, so the retry
+            # qmail-send schedules opens it again instead of finding nothing to open.
+            if state is not None:
+                a.channels[channel] = state
+            raise
         a.passes.discard(channel)
-        self._write_snapshot(a, ended=(channel,))
         a.offered.discard(channel)
         if not a.channels:
             a.offered.add(None)                  # qmail-send schedules completion next
