@@ -512,13 +512,7 @@ class DirQueue(QueueBackend):
             raise QueueError("unable to stat %s" % rel)
 
     def drop_bounce_notes(self, n):
-        rel = self._rel("bounce", n)
-        try:
-            os.unlink(self._path(rel))
-        except FileNotFoundError:
-            pass
-        except OSError:
-            raise QueueError("unable to unlink %s" % rel)
+        self._unlink_quietly(self._rel("bounce", n))
 
     def complete(self, n):
         rel = self._rel("info", n)
