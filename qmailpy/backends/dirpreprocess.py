@@ -1,0 +1,226 @@
+"""Preprocessing on the directory backend (S4 -> S5): todo/n becomes info/S/n and the
+channel files local/S/n and remote/S/n, then qmail-clean removes todo/n
+(docs/queue-format.md "Preprocessing (qmail-send + qmail-clean, S4→S5)").
+
+A mixin of DirQueue (dirqueue.py), which provides the paths, qmail-clean's client and
+the warnings; the order of operations, file names and records are qmail's.
+"""
+import os
+
+from qmailpy import envelope, logline
+from qmailpy.backends.base import Preprocessed, QueueError
+from qmailpy.fileio import fsync_dir, write_all
+from qmailpy.layout import CHANNELS
+
+
+class DirPreprocessing:
+    def preprocess(self, n, route, announce=None):
+        prepared = self._prepare(n, route, announce)
+        self._commit(prepared)
+        self._sync_dirs([prepared])
+        return self._clean_todo(prepared)
+
+    def preprocess_batch(self, numbers, route, announce=None):
+        """preprocess() for several messages at once: [(n, Preprocessed or QueueError)].
+
+        Every file is written first and fsync'd afterwards, so one journal commit
+        covers them all; then the todo/ requests go to qmail-clean in one write.
+        Each message still has its info and channel files on disk before its todo
+        entry goes (docs/queue-format.md "Preprocessing (qmail-send + qmail-clean, S4→S5)"). announce gets `new msg` and `info msg` where qmail
+        logs them (see _prepare). CleanerLost propagates."""
+        results = []
+        ready = []
+        for n in numbers:
+            try:
+                ready.append(self._prepare(n, route, announce))
+            except QueueError as e:
+                results.append((n, e))
+        committed = []
+        for prepared in ready:
+            try:
+                self._commit(prepared)
+                committed.append(prepared)
+            except QueueError as e:
+                results.append((prepared[0].n, e))
+        try:
+            self._sync_dirs(committed)
+        except QueueError as e:
+            results.extend((p[0].n, e) for p in committed)
+            committed = []
+        if committed:
+            names = [self._rel("todo", p[0].n) for p in committed]
+            if self.cleaner is None:
+                replies = [b"!"] * len(names)
+            elif hasattr(self.cleaner, "request_many"):
+                replies = self.cleaner.request_many(names)
+            else:
+                replies = [self.cleaner.request(name) for name in names]
+            for prepared, name, reply in zip(committed, names, replies):
+                if reply == b"+":
+                    results.append((prepared[0].n, prepared[0]))
+                else:
+                    results.append((prepared[0].n, QueueError("qmail-clean unable to clean up %s" % name)))
+        return results
+
+    def _clean_todo(self, prepared):
+        todo_rel = self._rel("todo", prepared[0].n)
+        if self._clean(todo_rel) != b"+":
+            raise QueueError("qmail-clean unable to clean up %s" % todo_rel)
+        return prepared[0]
+
+    def _sync_dirs(self, committed):
+        """fsync the info/, local/ and remote/ split directories that got new entries.
+
+        Beyond qmail, as qmail-queue does (syncdir): once todo/n is gone, info/S/n is
+        the message's only envelope, and ext4/xfs keep a new directory entry across a
+        power cut only after an fsync of its directory."""
+        dirs = set()
+        for result, _ in committed:
+            dirs.add(os.path.dirname(self._rel("info", result.n)))
+            dirs.update(os.path.dirname(self._rel(channel, result.n)) for channel in result.channels)
+        for rel in sorted(dirs):
+            try:
+                fsync_dir(self._path(rel))
+            except OSError:
+                raise QueueError("trouble fsyncing %s" % rel)
+
+    def _commit(self, prepared):
+        """fsync and close the files _prepare wrote: info first, then each channel file."""
+        result, fds = prepared
+        try:
+            for kind in ("info",) + CHANNELS:
+                if kind in fds:
+                    rel = self._rel(kind, result.n)
+                    try:
+                        os.fsync(fds[kind])
+                    except OSError:
+                        raise QueueError("trouble fsyncing %s" % rel)
+                    if kind == "info":
+                        result.birth = int(os.fstat(fds[kind]).st_mtime)
+                    os.close(fds.pop(kind))
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+            fds.clear()
+
+    def _create_info(self, n, info_rel):
+        """info/S/n created O_EXCL, after removing what an earlier life of number n left.
+
+        qmail unlinks local, remote and info before creating info when an interrupted
+        attempt left info. Channel and bounce files are created after info and removed
+        before it, so on a disk that keeps the order of name operations they never
+        outlive info; but none of those unlinks is fsync'd, and after a power cut the
+        disk may keep info's removal and lose a channel or bounce file's. A new message
+        that reuses the number (mess/ inodes are reused) would then inherit the old
+        message's recipients or bounce notes, so they are removed here too."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        try:
+            fd = os.open(self._path(info_rel), flags, 0o600)
+        except FileExistsError:
+            for kind in ("local", "remote", "info"):
+                self._unlink_quietly(self._rel(kind, n))
+            fd = os.open(self._path(info_rel), flags, 0o600)
+        removed = [rel for rel in (self._rel(kind, n) for kind in ("local", "remote", "bounce"))
+                   if self._unlink_quietly(rel)]
+        for rel in removed:
+            self._warn("removed %s left over from an earlier message %d" % (rel, n))
+            self._sync_dir_of(rel)
+        return fd
+
+    def _drop_ended_todo(self, n, mess_rel):
+        """todo/n without its body: qmail-queue links todo/ only after mess/ is durable,
+        and mess/ goes only after the message ended, so this todo entry's own removal
+        was lost to a power cut after the message ended. Ask qmail-clean to remove it
+        (it would be tried every scan for good); QueueError says what happened."""
+        todo_rel = self._rel("todo", n)
+        if self._exists(self._rel("info", n)):
+            raise QueueError("unable to stat %s" % mess_rel)
+        if self._clean(todo_rel) != b"+":
+            raise QueueError("qmail-clean unable to clean up %s" % todo_rel)
+        raise QueueError("removed %s left over from an ended message (no %s)" % (todo_rel, mess_rel))
+
+    def _prepare(self, n, route, announce=None):
+        """Steps of preprocessing up to (not including) the fsyncs: (Preprocessed, open fds).
+
+        As in qmail, `new msg` is announced once info/ is created and `info msg`
+        when the sender record is written, so a todo entry that fails later (a
+        garbage record, an fsync or qmail-clean error) has its `new msg` logged
+        before the warning, on every attempt."""
+        todo_rel = self._rel("todo", n)
+        info_rel = self._rel("info", n)
+        try:
+            fd = os.open(self._path(todo_rel), os.O_RDONLY)
+        except OSError:
+            raise QueueError("unable to open %s" % todo_rel)
+        try:
+            data = b""
+            try:
+                while True:
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        break
+                    data += chunk
+            except OSError:
+                raise QueueError("trouble reading %s" % todo_rel)
+        finally:
+            os.close(fd)
+        mess_rel = self._rel("mess", n)
+        try:
+            size = os.stat(self._path(mess_rel)).st_size
+        except FileNotFoundError:
+            self._drop_ended_todo(n, mess_rel)
+        except OSError:
+            raise QueueError("unable to stat %s" % mess_rel)
+        fds = {}
+        try:
+            try:
+                fds["info"] = self._create_info(n, info_rel)
+            except OSError:
+                raise QueueError("unable to create %s" % info_rel)
+            if announce is not None:
+                announce(logline.new_msg(n))
+            uid = pid = 0
+            sender = None
+            info_data = bytearray()
+            chan_data = {}
+            for record in data.split(b"\0")[:-1]:
+                kind = record[:1]
+                if kind == b"u":
+                    uid = envelope._decimal(record[1:])
+                elif kind == b"p":
+                    pid = envelope._decimal(record[1:])
+                elif kind == b"F":
+                    sender = record[1:]
+                    info_data += record + b"\0"
+                    if announce is not None:
+                        announce(logline.info_msg(n, size, sender, pid, uid))
+                elif kind == b"T":
+                    channel, address = route(record[1:])
+                    if channel not in chan_data:
+                        rel = self._rel(channel, n)
+                        try:
+                            fds[channel] = os.open(self._path(rel),
+                                                   os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                        except OSError:
+                            raise QueueError("unable to create %s" % rel)
+                        chan_data[channel] = bytearray()
+                    chan_data[channel] += b"T" + address + b"\0"
+                else:
+                    raise QueueError("unknown record type in %s" % todo_rel)
+            self._write_all(fds["info"], info_data, info_rel)
+            for channel in CHANNELS:
+                if channel in chan_data:
+                    self._write_all(fds[channel], chan_data[channel], self._rel(channel, n))
+        except BaseException:
+            for fd in fds.values():
+                os.close(fd)
+            raise
+        channels = tuple(c for c in CHANNELS if c in chan_data)
+        return Preprocessed(n, sender, size, pid, uid, None, channels), fds
+
+    @staticmethod
+    def _write_all(fd, data, rel):
+        try:
+            write_all(fd, bytes(data))
+        except OSError:
+            raise QueueError("trouble writing to %s" % rel)
