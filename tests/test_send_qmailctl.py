@@ -69,8 +69,12 @@ def test_start_stat_doqueue_reload_queue_stop(qmail_home, started):
     stat = ctl(qmail_home, "stat")
     assert stat.returncode == 0, stat.stderr
     out = stat.stdout.decode()
-    for name in ("qmail-send", "qmail-lspawn", "qmail-rspawn", "qmail-clean", "qmail-smtpd-listen"):
+    for name in ("qmail-send", "qmail-lspawn", "qmail-rspawn", "qmail-clean", "qmail-smtpd-listen",
+                 "qmail-qmqpd"):
         assert re.search(r"^\s*%s\s+pid \d+" % name, out, re.M), out
+    qmqpd_pid = int(open(os.path.join(qmail_home.path, "log", "qmail-qmqpd.pid")).read())
+    qmqp_socket = os.path.join(qmail_home.path, "run", "qmqp.sock")
+    assert os.path.exists(qmqp_socket)
     assert "messages in queue: 0\nmessages in queue but not yet preprocessed: 0\n" in out
 
     # mail through the SMTP listener started with --smtp
@@ -106,6 +110,10 @@ def test_start_stat_doqueue_reload_queue_stop(qmail_home, started):
     stat = ctl(qmail_home, "stat")
     assert stat.returncode == 1 and b"qmail-send: not running" in stat.stdout
     assert b"messages in queue: 1\n" in stat.stdout       # the deferred one waits on disk
+    # qmailctl stop stops the queue server too, which removes its socket
+    assert b"qmail-qmqpd: not running\n" in stat.stdout
+    assert not psutil.pid_exists(qmqpd_pid) or psutil.Process(qmqpd_pid).status() == psutil.STATUS_ZOMBIE
+    assert not os.path.exists(qmqp_socket)
 
 
 def test_start_twice_and_signals_when_stopped(qmail_home, started):
