@@ -5,6 +5,7 @@ sets it. And control/maxrcpt bounds the recipients of one message."""
 import os
 import smtplib
 import socket
+import subprocess
 
 import pytest
 
@@ -90,3 +91,31 @@ def test_no_maxrcpt_means_no_limit(qmail_home):
         for i in range(300):
             s.send(b"RCPT TO:<r%d@test.example>\r\n" % i)
         assert all(s.reply() == b"250 ok\r\n" for _ in range(300))
+
+
+@needs_ipv6
+@pytest.mark.parametrize("client", ["127.0.0.1", "::1"])
+def test_socket_activation_on_a_dual_stack_socket_sets_the_same_variables(qmail_home, client):
+    """qmail-smtpd started as qmail-smtpd@.service starts it: the connection on fds 0/1,
+    REMOTE_ADDR and REMOTE_PORT as Accept=yes sets them, no TCP variables."""
+    server = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    with socket.create_connection((client, server.getsockname()[1]), timeout=TIMEOUT) as peer:
+        conn, addr = server.accept()
+        server.close()
+        env = {k: v for k, v in env_script(qmail_home).items()
+               if not k.startswith("TCP") and k not in ("PROTO", "RELAYCLIENT", "DATABYTES")}
+        env.update(REMOTE_ADDR=addr[0], REMOTE_PORT=str(addr[1]))
+        proc = subprocess.Popen(["qmail-smtpd"], stdin=conn, stdout=conn, env=env)
+        conn.close()
+        f = peer.makefile("rb")
+        peer.sendall(b"HELO c\r\nMAIL FROM:<a@b.example>\r\nRCPT TO:<x@test.example>\r\nDATA\r\n"
+                     b"hi\r\n.\r\nQUIT\r\n")
+        replies = [f.readline() for _ in range(6)]
+        f.close()
+    assert proc.wait(timeout=TIMEOUT) == 0
+    said = replies[5]                    # a QMAILQUEUE program sees them as under tcpserver
+    assert said.startswith(b"554 "), replies
+    if client == "::1":
+        assert said[4:].rstrip(b"\r\n").split(b"|") == [b"TCP6", b"::1", b"::1", b"::1"]
+    else:
+        assert said[4:].rstrip(b"\r\n").split(b"|") == [b"TCP", b"127.0.0.1", b"", b"127.0.0.1"]

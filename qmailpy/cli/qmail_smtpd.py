@@ -19,8 +19,8 @@ def main(argv=None):
             pass
         return 1
     from qmailpy.smtpd.tcpenv import complete
-    environ = complete(dict(os.environ))
-    return serve(home, environ)
+    # in os.environ itself, so that a QMAILQUEUE program sees them as under tcpserver
+    return serve(home, complete(os.environ))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 Under systemd socket activation (Accept=yes) the connection is fd 0 and
 systemd sets REMOTE_ADDR/REMOTE_PORT; qmail-smtpd expects tcpserver's
-TCPREMOTEIP and friends, which are derived here when PROTO is not set.
+TCPREMOTEIP and friends, which are derived here when PROTO is not set: an IPv4
+client of a dual-stack socket by its IPv4 address with PROTO=TCP, a real IPv6
+client with PROTO=TCP6 and the TCP6* variables too.
 """
 import socket
 
@@ -39,6 +41,11 @@ def complete(environ, fd=0):
         environ.setdefault("TCPREMOTEPORT", environ.get("REMOTE_PORT", str(remote[1])))
         environ.setdefault("TCPLOCALIP", local_ip)
         environ.setdefault("TCPLOCALPORT", str(local[1]))
+        if ipv6:            # as tcpserver's IPv6 version and qmail-smtpd-listen set them
+            environ.setdefault("TCP6REMOTEIP", remote_ip)
+            environ.setdefault("TCP6REMOTEPORT", environ["TCPREMOTEPORT"])
+            environ.setdefault("TCP6LOCALIP", local_ip)
+            environ.setdefault("TCP6LOCALPORT", environ["TCPLOCALPORT"])
     finally:
         sock.detach()
     return environ
