@@ -15,9 +15,12 @@ states a disk may hold after a power cut in the middle of a protocol:
    lost. Data (writes, truncates) becomes durable by a later fsync of its inode; names
    (create, link, rename, unlink, mkdir, rmdir) by a later fsync of their directory
    (both directories for a rename). Generated: every prefix; every prefix with each
-   single non-durable operation dropped; every prefix with all of them dropped; every
-   prefix with its last non-durable write torn to its first half (ext4 data=ordered
-   keeps a prefix of unsynced appends). Identical trees are explored once.
+   single non-durable operation dropped (an append together with the file's later
+   unsynced appends: ext4 data=ordered keeps a prefix of a file's unsynced appends,
+   see with_later_appends); every prefix with all of them dropped; every prefix with
+   its last non-durable write torn to its first half. Identical trees are explored
+   once. Name operations are treated as POSIX allows, not as ext4's journal orders
+   them: any one may be lost while later ones are kept.
 3. materialise(): the pre-run copy plus the operations a state keeps, written into the
    roots; the home's other files (users/, bin/) stay as they are.
 
@@ -41,6 +44,9 @@ SYSCALLS = ("execve,clone,clone3,fork,vfork,chdir,open,openat,creat,write,pwrite
             "ftruncate,truncate,fsync,fdatasync,mkdir,mkdirat,close,dup,dup2,dup3")
 
 DATA_OPS = ("write", "truncate")
+# CRASHSTATES_POSIX_APPENDS=1: any one unsynced append may be lost while later ones are
+# kept (POSIX allows it; ext4 data=ordered does not, see with_later_appends).
+POSIX_APPENDS = os.environ.get("CRASHSTATES_POSIX_APPENDS") == "1"
 NAME_OPS = ("create", "link", "rename", "unlink", "mkdir", "rmdir")
 
 
@@ -52,11 +58,12 @@ class Op:
     """One logical disk operation. kind, and by kind:
     create path ino | write ino off data | truncate ino size | link ino path |
     rename src dst ino | unlink path | mkdir path | rmdir path | fsync ino | fsyncdir path"""
-    __slots__ = ("kind", "path", "dst", "ino", "off", "data", "size", "pid")
+    __slots__ = ("kind", "path", "dst", "ino", "off", "data", "size", "pid", "append")
 
     def __init__(self, kind, pid, path=None, dst=None, ino=None, off=0, data=b"", size=0):
         self.kind, self.pid, self.path, self.dst, self.ino = kind, pid, path, dst, ino
         self.off, self.data, self.size = off, data, size
+        self.append = False             # a write at or past the file's end when made
 
     def dirs(self):
         """The directories whose fsync makes this name operation durable."""
@@ -324,7 +331,9 @@ def parse(trace_path, roots, pre, manifest):
             else:
                 off = live.size(f[1]) if f[3] else f[2]
                 f[2] = off + ret
-            emit(Op("write", pid, ino=f[1], off=off, data=data))
+            op = Op("write", pid, ino=f[1], off=off, data=data)
+            op.append = off >= live.size(f[1])
+            emit(op)
         elif name == "lseek":
             f = p.fds.get(_fd(args[0])[0])
             if f is not None and ret >= 0:
@@ -520,6 +529,17 @@ def not_durable(ops, prefix):
     return out
 
 
+def with_later_appends(ops, lost, i):
+    """[i], or for an append every unsynced append to the same file from i on: ext4
+    (data=ordered, the file system this project targets) keeps a prefix of a file's
+    unsynced appends, never later appended bytes behind a hole. Overwrites in place
+    and name operations may still be lost one by one."""
+    op = ops[i]
+    if op.kind != "write" or not op.append or POSIX_APPENDS:
+        return [i]
+    return [j for j in lost if j >= i and ops[j].kind == "write" and ops[j].ino == op.ino and ops[j].append]
+
+
 def build(rec, state, base=None):
     tree = (base or Tree.scan(rec.pre)).copy()
     for i in range(state.prefix):
@@ -548,7 +568,7 @@ def states(rec, single_drops=True):
             add(State(prefix, lost, how="all unsynced lost"))
         if single_drops:
             for i in lost:
-                add(State(prefix, [i], how="one unsynced lost"))
+                add(State(prefix, with_later_appends(rec.ops, lost, i), how="one unsynced lost"))
         writes = [i for i in lost if rec.ops[i].kind == "write" and len(rec.ops[i].data) > 1]
         if writes:
             add(State(prefix, torn=[writes[-1]], how="last unsynced write torn"))

@@ -258,8 +258,15 @@ class Explorer:
                 return "not delivered: %s\n    log: %s\n    maildirs: %s" % (
                     str(e)[:1500], d.lines(), {r: sorted(os.listdir(os.path.join(md, "new")))
                                                      for r, md in self.maildirs.items()})
+            try:
+                # What was in flight when the last expected copy arrived (a repeated
+                # bounce, an end msg) finishes; what is stranded never does.
+                d.wait_for(lambda l: settled(l) and not self.stranded(l), 30, "the queue drained")
+            except AssertionError:
+                pass
         finally:
             power_off(d)
+        lines = d.lines()
         problems = []
         delivered = self.delivered()
         for tag, rcpts in expected.items():
@@ -270,12 +277,7 @@ class Explorer:
             for tag, whole in got.items():
                 if not whole:
                     problems.append("%s got %s torn" % (r, tag))
-        # qmail-send may be killed between "end msg" and its last bookkeeping (which a
-        # restart redoes); a message it never ended is stranded.
-        ended = {l.split()[2] for l in lines if l.startswith("end msg ")}
-        stuck = [x for x in leftovers(self.home)
-                 if not x.startswith(("mess/", "intd/", "log/")) and re.sub(r"\D+", " ", x).split()[-1:] != []
-                 and re.sub(r"\D+", " ", x).split()[-1] not in ended]
+        stuck = self.stranded(lines)
         if stuck:
             problems.append("left in the queue: %s" % stuck)
         # A body removed while its message was still referenced shows as a failed open.
@@ -286,6 +288,14 @@ class Explorer:
         if problems:
             return "; ".join(problems) + ("\n    log: %s" % warnings if warnings else "")
         return None
+
+    def stranded(self, lines):
+        """What the queue holds of messages qmail-send never ended. (It may be killed
+        between "end msg" and its last bookkeeping, which a restart redoes.)"""
+        ended = {l.split()[2] for l in lines if l.startswith("end msg ")}
+        return [x for x in leftovers(self.home)
+                if not x.startswith(("mess/", "intd/", "log/")) and re.sub(r"\D+", " ", x).split()[-1:] != []
+                and re.sub(r"\D+", " ", x).split()[-1] not in ended]
 
     def delivered(self):
         """{recipient: {tag: whole?}} from the Maildirs; a bounce counts for the tag of the

@@ -199,8 +199,11 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
         record.done = True
 
     def add_bounce_note(self, n, note):
+        # Durable before the DELIVERY that marks the recipient done: a disk that kept
+        # the DELIVERY and lost the note (unsynced writes in any order) ends the
+        # message without its bounce. Failures are rare; the fsync is cheap here.
         a = self._get(n)
-        pos = self._append(R.encode_bounce_note(_now(), n, R.NOTE_ADD, note))
+        pos = self._append(R.encode_bounce_note(_now(), n, R.NOTE_ADD, note), durable=True)
         if a.delta_start is None:
             a.delta_start = pos
         a.notes += note
