@@ -529,13 +529,13 @@ def not_durable(ops, prefix):
     return out
 
 
-def with_later_appends(ops, lost, i):
+def with_later_appends(ops, lost, i, posix_appends=False):
     """[i], or for an append every unsynced append to the same file from i on: ext4
     (data=ordered, the file system this project targets) keeps a prefix of a file's
     unsynced appends, never later appended bytes behind a hole. Overwrites in place
     and name operations may still be lost one by one."""
     op = ops[i]
-    if op.kind != "write" or not op.append or POSIX_APPENDS:
+    if op.kind != "write" or not op.append or posix_appends:
         return [i]
     return [j for j in lost if j >= i and ops[j].kind == "write" and ops[j].ino == op.ino and ops[j].append]
 
@@ -549,7 +549,7 @@ def build(rec, state, base=None):
     return tree
 
 
-def states(rec, single_drops=True):
+def states(rec, single_drops=True, posix_appends=POSIX_APPENDS):
     """Distinct crash states of a recording (see the module docstring): [(State, Tree)]."""
     base = Tree.scan(rec.pre)
     seen, out = set(), []
@@ -568,7 +568,7 @@ def states(rec, single_drops=True):
             add(State(prefix, lost, how="all unsynced lost"))
         if single_drops:
             for i in lost:
-                add(State(prefix, with_later_appends(rec.ops, lost, i), how="one unsynced lost"))
+                add(State(prefix, with_later_appends(rec.ops, lost, i, posix_appends), how="one unsynced lost"))
         writes = [i for i in lost if rec.ops[i].kind == "write" and len(rec.ops[i].data) > 1]
         if writes:
             add(State(prefix, torn=[writes[-1]], how="last unsynced write torn"))

@@ -80,6 +80,7 @@ class LogRecovery:
                 self._warn("cannot reload message %d for recovery: %s" % (n, e))
                 continue
             a.passes = set(passes) & set(a.channels)
+        self.replayed_state = {}             # n -> its newest ENVELOPE or snapshot replayed
         with self.writer.locked():
             tail = self._replay(start, replay, segments)
         self._reconcile()
@@ -142,10 +143,13 @@ class LogRecovery:
             self._count(rec.pos, 1)              # its PREPROCESSED, if any, follows and uncounts it
             if not self._flagged_garbage(rec.flags, rec.pos, rec.length):
                 self.pending_new[n] = rec.pos
+                self.replayed_state[n] = rec.pos
         elif t in R.SNAPSHOTS:
             if t == R.PREPROCESSED:
                 self.pending_new.pop(n, None)
             self._supersede(rec.prev)
+            self._supersede_lost_link(n, rec.prev)
+            self.replayed_state[n] = rec.pos
             self._count(rec.pos, 1)
             a = self.active.get(n)
             if a is not None:
@@ -157,6 +161,8 @@ class LogRecovery:
                     del self.active[n]
         elif t == R.FINISH:
             self._supersede(rec.prev)
+            self._supersede_lost_link(n, rec.prev)
+            self.replayed_state.pop(n, None)
             self.active.pop(n, None)
             self.replayed_clean.append(n)        # the crash may have come before its unlink
         elif t == R.START:
@@ -172,6 +178,17 @@ class LogRecovery:
             a = self.active.get(n)
             if a is not None:
                 self._apply_delta(a, rec)
+
+    def _supersede_lost_link(self, n, prev):
+        """A record superseding `prev` supersedes n's newest state replayed before it too
+        when that is not `prev`: the record between them was lost (a hole a power cut
+        left among unsynced appends, or damage). Left live, that older state would be
+        offered again after a FINISH had removed the body, and fail for good."""
+        older = self.replayed_state.get(n)
+        if older is not None and older != prev and older < prev:
+            self._supersede(older)
+            if self.pending_new.get(n) == older:
+                del self.pending_new[n]
 
     @staticmethod
     def _apply_delta(a, rec):
