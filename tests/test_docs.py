@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
 THIS = os.path.relpath(os.path.abspath(__file__), ROOT)
 
-TEXT_SUFFIXES = (".py", ".md", ".5", ".8", ".conf", ".cfg", ".toml",
+TEXT_SUFFIXES = (".py", ".md", ".1", ".5", ".8", ".conf", ".cfg", ".toml",
                  ".service", ".socket", ".timer")
 TEXT_NAMES = ("bin/demo", "bin/setup", "bin/test", ".ci/run")
 
