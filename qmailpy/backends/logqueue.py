@@ -25,7 +25,7 @@ runners offer what is due, as base.QueueBackend describes.
 import os
 
 from qmailpy import logline
-from qmailpy.backends import logrecords as R
+from qmailpy.backends import logcounts, logrecords as R
 from qmailpy.backends.base import CleanerLost, Preprocessed, QueueBackend, QueueError
 from qmailpy.backends.logcommit import LOG_DIR, SEGMENT_LIMIT_CONTROL, read_segment_limit
 from qmailpy.backends.logdamage import LogDamage
@@ -70,6 +70,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
         self.flush_again = False      # a SIGALRM came during that sweep: sweep once more
         self.to_clean = []            # finished messages whose mess/ file goes after the next fsync
         self.replayed_clean = []      # FINISHes replayed by recovery: cleaned once no qmail-queue runs
+        self.state_counts = None      # messages per state up to new_cursor (logcounts.py)
 
     def _write_snapshot(self, a, type=R.REPLACEMENT, ended=(), now=None):
         now = _now() if now is None else now
@@ -98,6 +99,10 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
                 return
             type, flags, _, n, _, length = head
             pos = cur.pos
+            if self.state_counts is not None and logcounts.counted(type):
+                rec = cur.peek()
+                if rec is not None:
+                    self.state_counts.delta(rec, self._read_at)
             if type == R.ENVELOPE and n in self.replayed_clean:
                 # a new message on the number of a finished one whose body recovery
                 # has yet to remove: mess/S/n is the new message's now (logrecovery.py)
@@ -108,6 +113,8 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
                     self.pending_new[n] = pos
                     self._count(pos, 1)
             cur.skip(length)
+            if self.state_counts is not None:
+                self.state_counts.pos = cur.pos
 
     def new_work(self):
         try:

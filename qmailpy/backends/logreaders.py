@@ -4,7 +4,7 @@ the 36-hour cleanup. Each reads the whole log (scan()); qmail-send's own work ne
 import os
 
 from qmailpy import states
-from qmailpy.backends import logrecords as R
+from qmailpy.backends import logcounts, logrecords as R
 from qmailpy.backends.base import MessageView
 from qmailpy.backends.logdamage import quarantined, restorable
 from qmailpy.envelope import ChannelRecord
@@ -73,23 +73,88 @@ class LogReaders:
         """{n: [state, record fields...]} of every message in the log (a reader's full scan)."""
         msgs = {}
         for rec in self.scan():
-            n, t = rec.n, rec.type
-            if t == R.ENVELOPE:
-                if n not in msgs:
-                    msgs[n] = {"state": states.S4, "rec": rec, "done": {}, "notes": b""}
-            elif t in R.SNAPSHOTS:
-                msgs[n] = {"state": states.S5, "rec": rec, "done": {}, "notes": rec.notes}
-            elif t == R.FINISH:
-                msgs.pop(n, None)
-            elif n in msgs and msgs[n]["state"] == states.S5:
-                m = msgs[n]
-                if t == R.DELIVERY:
-                    m["done"][(rec.channel, rec.index)] = True
-                elif t == R.BOUNCE_NOTE:
-                    m["notes"] = b"" if rec.op == R.NOTE_CLEAR else m["notes"] + rec.note
+            _fold(msgs, rec)
         # A newest record flagged garbage lost its successor: to damage (qmail-send
         # restores it) or, with the body gone too, to a FINISH in a deleted segment.
         return {n: m for n, m in msgs.items() if not m["rec"].garbage or restorable(self.queue, m["rec"])}
+
+    def stream_states(self):
+        """(record, done, notes) of every message in the log, newest ENVELOPE or snapshot
+        first-class, in memory bounded by the work since the last checkpoint, not by the
+        queue (`qmailctl queue list`; docs/log-queue.md "Reading the queue while it runs").
+
+        done is {(channel, index)} of the DELIVERY records after a snapshot, notes its
+        bounce notes. Before the checkpoint's replay position every superseded record is
+        flagged garbage, so there a live ENVELOPE or snapshot is a message's newest state,
+        unless a record of the same number follows the replay position (or the message
+        was in flight, its deltas before it): those messages alone are folded in memory,
+        as latest_states() folds all. Not a point-in-time view: a message whose state
+        changes while the log is read may be missed or shown in its older state.
+        """
+        from qmailpy.backends.logcursor import Cursor
+        segments = self._segments()
+        if not segments or not os.path.exists(os.path.join(self.logdir, "commit")):
+            return
+        first = (segments[0], R.HEADER_SIZE)
+        cp = self._read_checkpoint()
+        touched, start = set(), first
+        if cp is not None:
+            start = tuple(cp["replay"])
+            for n, (_, delta, _) in cp["active"].items():
+                touched.add(int(n))
+                if delta:
+                    start = min(start, tuple(delta))
+        reader = _QuietReader(self)
+        cur = Cursor(reader, start)
+        while True:
+            head = cur.peek_schedule()
+            if head is None:
+                break
+            if head[0] != R.ENVELOPE:
+                touched.add(head[3])
+            cur.skip(head[5])
+        end = cur.pos
+        folded = {}
+        cur = Cursor(reader, first)
+        while cur.pos < end:
+            head = cur.peek_schedule()
+            if head is None:
+                break
+            type, flags, _, n, _, length = head
+            if n in touched:
+                rec = cur.peek()
+                if rec is not None:
+                    _fold(folded, rec)
+            elif flags != R.GARBAGE and (type == R.ENVELOPE or type in R.SNAPSHOTS):
+                rec = cur.peek()
+                if rec is not None:
+                    yield rec, set(), rec.notes if type in R.SNAPSHOTS else b""
+            cur.skip(length)
+        for n, m in folded.items():
+            if not m["rec"].garbage or restorable(self.queue, m["rec"]):
+                yield m["rec"], set(m["done"]), m["notes"]
+
+    def current_counts(self):
+        """logcounts.Counts of the whole log now: qmail-send's last counts file plus the
+        records after it; None when there is no usable file (count with stream_states())."""
+        from qmailpy.backends.logcursor import Cursor
+        if not self._segments() or not os.path.exists(os.path.join(self.logdir, "commit")):
+            return logcounts.Counts(pos=(0, R.HEADER_SIZE))
+        counts = logcounts.read(self.logdir)
+        if counts is None:
+            return None
+        cur = Cursor(_QuietReader(self), counts.pos)
+        while True:
+            head = cur.peek_schedule()
+            if head is None:
+                break
+            if logcounts.counted(head[0]):
+                rec = cur.peek()
+                if rec is not None:
+                    counts.delta(rec, self._read_at)
+            cur.skip(head[5])
+        counts.pos = cur.pos
+        return counts
 
     def list_messages(self):
         views = []
@@ -131,3 +196,39 @@ class LogReaders:
             except OSError:
                 pass
         return in_mess, sum(1 for state in latest.values() if state == states.S4)
+
+
+def _fold(msgs, rec):
+    """Apply one record to {n: {state, rec, done, notes}}: a message's newest state."""
+    n, t = rec.n, rec.type
+    if t == R.ENVELOPE:
+        if n not in msgs:
+            msgs[n] = {"state": states.S4, "rec": rec, "done": {}, "notes": b""}
+    elif t in R.SNAPSHOTS:
+        msgs[n] = {"state": states.S5, "rec": rec, "done": {}, "notes": rec.notes}
+    elif t == R.FINISH:
+        msgs.pop(n, None)
+    elif n in msgs and msgs[n]["state"] == states.S5:
+        m = msgs[n]
+        if t == R.DELIVERY:
+            m["done"][(rec.channel, rec.index)] = True
+        elif t == R.BOUNCE_NOTE:
+            m["notes"] = b"" if rec.op == R.NOTE_CLEAR else m["notes"] + rec.note
+
+
+class _QuietReader:
+    """What a Cursor needs of a LogQueue, for a reader: damage is skipped, not
+    reported or quarantined (qmail-send does that when it meets it)."""
+
+    def __init__(self, queue):
+        self.q = queue
+        self.writer = queue.writer
+
+    def _segment_fd(self, seg):
+        return self.q._segment_fd(seg)
+
+    def _next_segment(self, seg):
+        return self.q._next_segment(seg)
+
+    def _problem(self, problem, data):
+        pass

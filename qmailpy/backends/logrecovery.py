@@ -20,7 +20,7 @@ import fcntl
 import json
 import os
 
-from qmailpy.backends import logrecords as R
+from qmailpy.backends import logcounts, logrecords as R
 from qmailpy.backends.base import CleanerLost, QueueError
 from qmailpy.backends.logcommit import fsync_dir
 from qmailpy.backends.logcursor import Cursor, Runner
@@ -81,8 +81,13 @@ class LogRecovery:
                 continue
             a.passes = set(passes) & set(a.channels)
         self.replayed_state = {}             # n -> its newest ENVELOPE or snapshot replayed
+        counts = logcounts.read(self.logdir)
+        self.state_counts = counts if counts is not None and counts.pos >= start else None
         with self.writer.locked():
             tail = self._replay(start, replay, segments)
+        if self.state_counts is None or self.state_counts.pos > tail:
+            self.state_counts = self._recount(first, tail)
+        self.state_counts.pos = tail
         self._reconcile()
         self.damage += quarantined(self.logdir)[0]    # found before a crash, not yet restored
         self.new_cursor = Cursor(self, tail)
@@ -90,6 +95,21 @@ class LogRecovery:
         self.recovered = True
         self.checkpoint(force=True)
 
+
+    def _recount(self, first, tail):
+        """Counts of every message in the log up to tail (logcounts.py), read once."""
+        counts = logcounts.Counts()
+        cur = Cursor(self, first)
+        while cur.pos < tail:
+            head = cur.peek_schedule()
+            if head is None:
+                break
+            if logcounts.counted(head[0]):
+                rec = cur.peek()
+                if rec is not None:
+                    counts.delta(rec, self._read_at)
+            cur.skip(head[5])
+        return counts
 
     def _active_at(self, n, snap):
         a = InFlight(n, snap, self._read_at(snap))
@@ -122,8 +142,11 @@ class LogRecovery:
             if seg == segments[-1]:
                 # The head: cut any torn tail so appenders continue after good data.
                 self.writer.reset_end(seg, end)
+            counts = self.state_counts
             for rec in records:
                 self._apply(rec, rec.pos >= replay)
+                if counts is not None and rec.pos >= counts.pos and logcounts.counted(rec.type):
+                    counts.delta(rec, self._read_at)
             tail = (seg, end)
         return tail
 
@@ -257,6 +280,8 @@ class LogRecovery:
                 fd = self._segment_fd(seg)
                 if fd is not None:
                     os.fsync(fd)
+            if self.state_counts is not None:
+                self.state_counts.write(self.logdir)
             self._write_checkpoint(replay)
         except OSError as e:
             self._warn("trouble writing log checkpoint: %s" % e.strerror)

@@ -12,7 +12,7 @@ SUBCOMMANDS = {
     "stat": "daemons",
     "doqueue": "daemons",
     "reload": "daemons",
-    "queue": "daemons",
+    "queue": "queuecmd",
     "snapshot": "snapshot",
     "convert": "convert",
 }

@@ -11,14 +11,34 @@ def message_lines(view):
     """The lines (bytes, LF-terminated) qmail-qread prints for one MessageView."""
     if view.error is not None:
         return [b"warning: trouble with #%d: %s\n" % (view.n, view.error.encode("utf-8", "replace"))]
-    date = date822(view.birth)[:-len(b" -0000")]
+    recipients = [(channel, record.done, record.address)
+                  for channel, records in ((b"local", view.local), (b"remote", view.remote))
+                  for record in records]
+    return _lines(view.n, view.birth, view.size, view.sender, view.bouncing, recipients)
+
+
+def _lines(n, birth, size, sender, bouncing, recipients):
+    date = date822(birth)[:-len(b" -0000")]
     head = b"%s GMT  #%d  %d  <%s> %s\n" % (
-        date, view.n, view.size, printable(view.sender), b" bouncing" if view.bouncing else b"")
-    lines = [head]
-    for channel, records in ((b"local", view.local), (b"remote", view.remote)):
-        for record in records:
-            lines.append(b"%s\t%s\t%s\n" % (b"  done" if record.done else b"", channel,
-                                          printable(record.address)))
+        date, n, size, printable(sender), b" bouncing" if bouncing else b"")
+    return [head] + [b"%s\t%s\t%s\n" % (b"  done" if done else b"", channel, printable(address))
+                     for channel, done, address in recipients]
+
+
+def record_lines(record):
+    """qmail-qread's lines for a snapshot message record (qmailctl queue list). A message
+    not yet preprocessed shows its recipients under the channel 'todo'; a held one
+    ends its first line with ' held'."""
+    from qmailpy.snapshot_format import raw
+    if record["problems"] and record["sender"] is None:
+        return [b"warning: trouble with #%d: %s\n"
+                % (record["n"], record["problems"][0].encode("utf-8", "replace"))]
+    recipients = [(r["channel"].encode(), r["done"], raw(r["address"]))
+                  for r in record["recipients"]]
+    lines = _lines(record["n"], record["birth"] or 0, record["size"] or 0,
+                   raw(record["sender"] or ""), record["bouncing"], recipients)
+    if record.get("held"):
+        lines[0] = lines[0][:-1] + b" held\n"
     return lines
 
 

@@ -1,0 +1,34 @@
+"""qmailctl queue [ACTION]: look at and act on the queue (docs/queue-operations.md).
+
+Without an action: qmail-qread, then qmail-qstat (qmailpy/ctl/daemons.py). Each
+action is a module of qmailpy/ctl with HELP, add_arguments(parser) and run(args);
+those that select messages share qmailpy/ctl/queuefilter.py.
+"""
+import argparse
+import importlib
+
+HELP = "look at the queue (list, size, shape) or act on it; alone: qmail-qread and qmail-qstat"
+
+# action -> module under qmailpy.ctl
+ACTIONS = {
+    "list": "queuelist",
+    "size": "queuesize",
+    "shape": "queueshape",
+}
+
+
+def add_arguments(parser, name):
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    for action, module_name in ACTIONS.items():
+        module = importlib.import_module("qmailpy.ctl." + module_name)
+        p = sub.add_parser(action, help=module.HELP, description=module.HELP)
+        p.add_argument("--home", default=argparse.SUPPRESS,
+                       help="the qmail home (default $QMAILHOME or /var/qmail)")
+        module.add_arguments(p)
+
+
+def run(args):
+    if args.action is None:
+        from qmailpy.ctl import daemons
+        return daemons.queue(args)
+    return importlib.import_module("qmailpy.ctl." + ACTIONS[args.action]).run(args)
