@@ -71,6 +71,12 @@ def state_restored(n, seg, off, damage_seg, damage_off):
             b" after damage at segment %d offset %d\n" % (n, seg, off, damage_seg, damage_off))
 
 
+def throttling(domain, control, limit):
+    """Deliveries to a recipient domain start waiting for a limit of control/CONTROL
+    (send/throttle.py); logged again only after the domain was idle (nothing in flight or held)."""
+    return b"throttling %s: control/%s limit %s reached\n" % (safe(_b(domain)), _b(control), _b(limit))
+
+
 def _b(text):
     return text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
 
@@ -115,6 +121,8 @@ _PATTERNS = [
     ("state restored", re.compile(
         r"warning: msg (?P<n>\d+): state restored from log segment (?P<seg>\d+) offset (?P<off>\d+) "
         r"after damage at segment (?P<damage_seg>\d+) offset (?P<damage_off>\d+)$")),
+    ("throttling", re.compile(
+        r"throttling (?P<domain>\S+): control/(?P<control>\w+) limit (?P<limit>\S+) reached$")),
     ("warning", re.compile(r"warning: (?P<text>.*)$")),
 ]
 KINDS = tuple(kind for kind, _ in _PATTERNS) + ("unknown",)

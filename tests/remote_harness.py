@@ -40,6 +40,8 @@ class _Handler:
         return "250 OK"
 
     async def handle_DATA(self, server, session, envelope):
+        if self.owner.data_delay:
+            await asyncio.sleep(self.owner.data_delay)
         self.owner.transactions.append(Transaction(
             session.host_name, envelope.mail_from, list(envelope.rcpt_tos), envelope.original_content))
         return self.owner.data_reply
@@ -53,6 +55,7 @@ class Smtpd:
         self.rcpt_replies = {}
         self.mail_reply = None
         self.data_reply = "250 2.0.0 Ok: queued"
+        self.data_delay = 0             # seconds before the reply to the dot
         self.loop = asyncio.new_event_loop()
         handler = _Handler(self)
         self.server = self.loop.run_until_complete(self.loop.create_server(

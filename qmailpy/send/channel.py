@@ -11,13 +11,18 @@ from qmailpy.spawn import ReplyReader
 
 class Job:
     """One pass over one channel file of one message, plus its deliveries in flight."""
-    __slots__ = ("n", "retry", "sender", "numtodo", "hiteof", "dying", "refs")
+    __slots__ = ("n", "retry", "sender", "numtodo", "hiteof", "dying", "refs", "birth", "only",
+                 "unstarted", "held")
 
-    def __init__(self, n, retry, sender, dying):
+    def __init__(self, n, retry, sender, dying, birth=0):
         self.n, self.retry, self.sender, self.dying = n, retry, sender, dying
         self.numtodo = 0
         self.hiteof = False
         self.refs = 1
+        self.birth = birth
+        self.only = None        # a pass woken by the throttle gate: the record indexes it starts
+        self.unstarted = 0      # pending records such a pass left alone
+        self.held = []          # (index, domain, due) the gate held back (send/throttle.py)
 
 
 class Delivery:

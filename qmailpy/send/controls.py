@@ -1,7 +1,8 @@
 """The control files qmail-send reads (docs/control-files.md "Control files"): once at startup; SIGHUP rereads
-locals and virtualdomains only."""
+locals, virtualdomains and the per-domain delivery rules (throttlerules.py)."""
 from qmailpy.home import ControlError, control_int, control_list, control_me_default, control_value
 from qmailpy.send.rewrite import Rewriter
+from qmailpy.send.throttlerules import Rules
 from qmailpy.states import DEFAULT_QUEUELIFETIME
 
 SPAWN_MAX = 120
@@ -35,9 +36,10 @@ class SendControls:
         self.percenthack = control_list(home, "percenthack", [])
         self.rewriter = Rewriter(self.envnoathost, _locals(home), self.percenthack,
                                  control_list(home, "virtualdomains", []))
+        self.rules = Rules.read(home)
 
     def reread(self):
-        """SIGHUP: new locals and virtualdomains. Returns None, or the alert text on failure."""
+        """SIGHUP: new locals, virtualdomains and rules. Returns None, or the alert text on failure."""
         try:
             new_locals = _locals(self.home)
         except ControlError:
@@ -47,4 +49,8 @@ class SendControls:
         except ControlError:
             return "unable to reread control/virtualdomains"
         self.rewriter = Rewriter(self.envnoathost, new_locals, self.percenthack, vdoms)
+        try:
+            self.rules = Rules.read(self.home)
+        except ControlError as e:
+            return str(e).replace("unable to read", "unable to reread", 1)
         return None

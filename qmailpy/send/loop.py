@@ -25,6 +25,7 @@ from qmailpy.send.clean import CleanClient, CleanerLost
 from qmailpy.envelope import bounce_note
 from qmailpy.send import bounce, schedule
 from qmailpy.send.channel import Channel, Delivery, Job
+from qmailpy.send.throttle import Gate
 from qmailpy.spawn import encode_command, verp
 
 SLEEP_TODO = 1500
@@ -126,6 +127,8 @@ class QmailSend:
         self.cleaner = CleanClient(*self.clean_fds)
         self.backend = open_backend(self.home, cleaner=self.cleaner, log=self.log)
         self.by_name = {c.name: c for c in self.channels}
+        self.gate = Gate(self.controls.rules, self.log)
+        self._rule_warnings()
         for entry in self.backend.startup():
             self._add_scheduled(entry)
         self.status()
@@ -207,6 +210,9 @@ class QmailSend:
                 wakeup = min(wakeup, 0 if self.todo else self.nexttodorun)
                 wakeup = min(wakeup, 0 if self.cleanup is not None else self.cleanuptime)
             timeout = 0 if wakeup <= now else wakeup - now + SLEEP_FUZZ
+            gate_wakeup = self.gate.next_wakeup()
+            if gate_wakeup is not None:
+                timeout = min(timeout, max(0.0, gate_wakeup - time.time()))
             try:
                 readable, writable, _ = select.select(rfds, wfds, [], timeout)
             except InterruptedError:
@@ -225,6 +231,8 @@ class QmailSend:
             self.comm_do(writable)
             self.del_do(readable)
             self.todo_do(self.trigger_fd is not None and self.trigger_fd in readable)
+            for p in self.gate.wake(self.now):
+                self.by_name[p.channel].schedule(self.now, p.n)
             self.pass_do()
             self.cleanup_do()
         self.finish()
@@ -246,7 +254,7 @@ class QmailSend:
                 self.cleaner.drain()
             except CleanerLost:
                 pass
-        entries = []
+        entries = self.gate.saved(int(time.time()))
         for ch in self.channels:
             entries.extend((n, ch.name, due) for due, n in ch.heap)
         self.backend.save_schedule(entries)
@@ -256,6 +264,12 @@ class QmailSend:
         alert = self.controls.reread()
         if alert:
             self.log(logline.alert(alert))
+        self.gate.set_rules(self.controls.rules)
+        self._rule_warnings()
+
+    def _rule_warnings(self):
+        for text in self.controls.rules.warnings:
+            self.warn(text)
 
     def spawndied(self, ch):
         self.log(logline.alert("oh no! lost spawn connection! dying..."))
@@ -320,6 +334,7 @@ class QmailSend:
             self.mark_done(ch, job, dl.record)
         else:
             self.log(logline.report_mangled(dl.d))
+        self.gate.finished(dl.d)
         self.job_close(ch, job)
         ch.slots[slot] = None
         ch.used -= 1
@@ -400,8 +415,17 @@ class QmailSend:
                 return True
             if record.done:
                 continue
-            ch.job.numtodo += 1
-            self.del_start(ch, ch.job, record)
+            job = ch.job
+            if job.only is not None and ch.index - 1 not in job.only:
+                job.unstarted += 1
+                continue
+            if self.gate.active:
+                hold = self.gate.admit(record.address, job.birth, self.now, ch.name == "remote")
+                if hold is not None:
+                    job.held.append((ch.index - 1,) + hold)
+                    continue
+            job.numtodo += 1
+            self.del_start(ch, job, record)
 
     def pass_open(self, ch, n):
         try:
@@ -412,7 +436,10 @@ class QmailSend:
             ch.schedule(self.now + SLEEP_SYSFAIL, n)
             return False
         job = Job(n, schedule.next_retry(birth, self.now, ch.name), sender,
-                  schedule.is_dying(birth, self.now, self.controls.lifetime))
+                  schedule.is_dying(birth, self.now, self.controls.lifetime), birth)
+        parked = self.gate.take(ch.name, n)
+        if parked is not None:          # its pass before was held back in part: go on with it
+            job.only, job.retry = parked.indexes, parked.retry
         self.jobs_open += 1
         ch.job, ch.records, ch.index = job, records, 0
         return True
@@ -427,7 +454,10 @@ class QmailSend:
         if job.refs > 0:
             return
         self.jobs_open -= 1
-        if job.hiteof and job.numtodo == 0:
+        if job.held:                    # not an attempt: the gate passes it again (send/throttle.py)
+            self.gate.park(ch.name, job.n, job.retry, job.held)
+            return
+        if job.hiteof and job.numtodo == 0 and not job.unstarted:
             try:
                 left = self.backend.finish_channel(job.n, ch.name)
             except QueueError as e:
@@ -458,6 +488,8 @@ class QmailSend:
         # crash can then leave a started delivery that never ran, never one that ran
         # without its line, so the log bounds what may be delivered twice after a restart.
         self.log(logline.starting_delivery(d, job.n, ch.name, recipient))
+        if ch.name == "remote":
+            self.gate.started(d, recipient)
         self._flush_command(ch)
         self.status()
 

@@ -1,0 +1,143 @@
+"""qmail-send's per-domain rules (docs/qmail-send.md "Throttling and delays"): control/concurrencydomains,
+control/ratelimits and control/delaydomains, against the real daemons, remote deliveries going through
+qmail-rspawn and qmail-remote to an aiosmtpd peer on 127.0.0.1, counted from qmail-send's log."""
+import os
+import re
+import time
+
+import pytest
+
+from lspawn_harness import LocalUsers
+from remote_harness import Smtpd
+from send_harness import Daemons
+from test_delivery_local import wait_maildir
+
+MSG = b"Subject: throttled\n\nbody\n"
+START = re.compile(r"^starting delivery (\d+): msg (\d+) to (local|remote) \S*@(\S+)$")
+RESULT = re.compile(r"^delivery (\d+): (success|deferral|failure): ")
+
+
+@pytest.fixture
+def smtpd():
+    with Smtpd() as server:
+        yield server
+
+
+@pytest.fixture
+def daemons(qmail_home, smtpd):
+    routes = "".join("%s:127.0.0.1:%d\n" % (d, smtpd.port)
+                     for d in ("slow.example", "fast.example", "rate.example"))
+    qmail_home.control("smtproutes", routes)
+    d = Daemons(qmail_home)
+    yield d
+    d.kill()
+
+
+def queue(home, recipients, sender=b"joe@test.example"):
+    done = home.queue_message(MSG, sender, recipients)
+    assert done.returncode == 0, done.stderr
+
+
+def in_flight_peaks(lines):
+    """{domain: most deliveries in flight at once}, from the starting/result lines."""
+    domain_of, now, peak = {}, {}, {}
+    for line in lines:
+        m = START.match(line)
+        if m:
+            domain = m.group(4)
+            domain_of[m.group(1)] = domain
+            now[domain] = now.get(domain, 0) + 1
+            peak[domain] = max(peak.get(domain, 0), now[domain])
+            continue
+        m = RESULT.match(line)
+        if m and m.group(1) in domain_of:
+            now[domain_of[m.group(1)]] -= 1
+    return peak
+
+
+class Stamps:
+    """When each log line was first seen (inotify on the log, as Daemons.wait_for wakes)."""
+
+    def __init__(self, daemons):
+        self.daemons, self.seen = daemons, []
+
+    def wait_line(self, pattern, count, timeout=30):
+        regex = re.compile(pattern)
+
+        def stamped(lines):
+            now = time.monotonic()
+            self.seen.extend((now, line) for line in lines[len(self.seen):])
+            return sum(1 for line in lines if regex.search(line)) >= count
+        self.daemons.wait_for(stamped, timeout, "%d x %r" % (count, pattern))
+        return self.seen
+
+    def starts(self, domain):
+        return [t for t, line in self.seen if START.match(line) and START.match(line).group(4) == domain]
+
+
+@pytest.mark.both_backends
+def test_concurrency_cap_of_one_and_other_domains_not_slowed(qmail_home, smtpd, daemons):
+    smtpd.data_delay = 0.4
+    qmail_home.control("concurrencydomains", "slow.example:1\nno colon here\nfast.example:0\n"
+                       ".example:many\n")
+    daemons.start()
+    daemons.wait_started()
+    queue(qmail_home, [b"a%d@slow.example" % i for i in range(4)] + [b"b%d@fast.example" % i for i in range(4)])
+    queue(qmail_home, [b"c@slow.example"])
+    lines = daemons.wait_line(r"^end msg ", 2)
+    assert in_flight_peaks(lines) == {"slow.example": 1, "fast.example": 4}
+    assert sum(1 for l in lines if re.match(r"^delivery \d+: success: ", l)) == 9
+    assert not [l for l in lines if re.match(r"^delivery \d+: (deferral|failure)", l)]
+    assert [l for l in lines if l.startswith("throttling ")] == [
+        "throttling slow.example: control/concurrencydomains limit 1 reached"]
+    assert [l for l in lines if l.startswith("warning: ")] == [
+        "warning: control/concurrencydomains: ignoring line 'no colon here': want domain:a count of 1 or more",
+        "warning: control/concurrencydomains: ignoring line 'fast.example:0': want domain:a count of 1 or more",
+        "warning: control/concurrencydomains: ignoring line '.example:many': want domain:a count of 1 or more"]
+    assert sorted(r for t in smtpd.transactions for r in t.rcpt_tos) == sorted(
+        ["a%d@slow.example" % i for i in range(4)] + ["b%d@fast.example" % i for i in range(4)]
+        + ["c@slow.example"])
+
+
+def test_rate_limit_counted_per_interval(qmail_home, smtpd, daemons):
+    qmail_home.control("ratelimits", "rate.example:2/1\nrate.example:2/\n")
+    daemons.start()
+    daemons.wait_started()
+    stamps = Stamps(daemons)
+    queue(qmail_home, [b"r%d@rate.example" % i for i in range(6)] + [b"f@fast.example"])
+    stamps.wait_line(r"^end msg ", 1)
+    starts = stamps.starts("rate.example")
+    assert len(starts) == 6
+    # any three starts span at least the interval (less the log's trip to this process)
+    assert min(later - first for first, later in zip(starts, starts[2:])) > 0.85
+    fast = stamps.starts("fast.example")
+    assert len(fast) == 1 and fast[0] < starts[2]
+    lines = [line for _, line in stamps.seen]
+    assert "throttling rate.example: control/ratelimits limit 2/1 reached" in lines
+    assert "warning: control/ratelimits: ignoring line 'rate.example:2/': want domain:messages/seconds, both 1 or more" in lines
+    assert not [l for l in lines if re.match(r"^delivery \d+: (deferral|failure)", l)]
+
+
+@pytest.mark.both_backends
+def test_delayed_domain_waits_and_survives_a_restart(qmail_home, smtpd, daemons):
+    """control/delaydomains holds deliveries to a domain until birth + delay, for the local
+    channel too; a restart meanwhile keeps the hold; nothing is logged as an attempt."""
+    users = LocalUsers(qmail_home)
+    maildir = os.path.join(users.add("bench"), "Maildir")
+    qmail_home.control("delaydomains", "test.example:3\nfast.example:x\n")
+    daemons.start()
+    daemons.wait_started()
+    t0 = time.monotonic()
+    queue(qmail_home, [b"bench@test.example", b"f@fast.example"])
+    daemons.wait_line(r"^delivery \d+: success: ")          # fast.example is not delayed
+    assert not os.listdir(os.path.join(maildir, "new"))
+    assert daemons.stop() == 0
+    daemons.start()
+    daemons.wait_started()
+    wait_maildir(maildir, 1)
+    assert time.monotonic() - t0 > 2.0                     # birth is a whole second: 3 - 1
+    lines = daemons.wait_line(r"^end msg ")
+    local = [i for i, l in enumerate(lines) if START.match(l) and START.match(l).group(3) == "local"]
+    assert len(local) == 1 and local[0] > lines.index("status: exiting")   # held across the restart
+    assert not [l for l in lines if re.match(r"^delivery \d+: (deferral|failure)", l)]
+    assert "warning: control/delaydomains: ignoring line 'fast.example:x': want domain:seconds" in lines
