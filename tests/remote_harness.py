@@ -17,8 +17,12 @@ WAIT = 30
 
 
 class Transaction:
-    def __init__(self, helo, mail_from, rcpt_tos, data):
+    def __init__(self, helo, mail_from, rcpt_tos, data, mail_options=(), tls=None, peer=None):
         self.helo, self.mail_from, self.rcpt_tos, self.data = helo, mail_from, rcpt_tos, data
+        self.peer = peer            # the client's address
+        self.mail_options = list(mail_options)
+        self.tls = tls              # (version, cipher) when the session had STARTTLS
+        self.smtp_utf8 = False      # MAIL FROM had SMTPUTF8 (aiosmtpd takes it out of mail_options)
 
 
 class _Handler:
@@ -42,15 +46,22 @@ class _Handler:
     async def handle_DATA(self, server, session, envelope):
         if self.owner.data_delay:
             await asyncio.sleep(self.owner.data_delay)
-        self.owner.transactions.append(Transaction(
-            session.host_name, envelope.mail_from, list(envelope.rcpt_tos), envelope.original_content))
+        obj = server.transport.get_extra_info("ssl_object")
+        tls = (obj.version(), obj.cipher()[0]) if obj is not None else None
+        t = Transaction(session.host_name, envelope.mail_from, list(envelope.rcpt_tos),
+                        envelope.original_content, envelope.mail_options, tls, session.peer[0])
+        t.smtp_utf8 = envelope.smtp_utf8
+        self.owner.transactions.append(t)
         return self.owner.data_reply
 
 
 class Smtpd:
-    """aiosmtpd on 127.0.0.1:port (random port); use as a context manager."""
+    """aiosmtpd on host:port (random port); use as a context manager. tls_context offers
+    STARTTLS (require_starttls: nothing but EHLO, STARTTLS and QUIT before it); smtputf8
+    offers SMTPUTF8."""
 
-    def __init__(self):
+    def __init__(self, host="127.0.0.1", port=0, tls_context=None, require_starttls=False,
+                 smtputf8=False):
         self.transactions = []
         self.rcpt_replies = {}
         self.mail_reply = None
@@ -59,8 +70,10 @@ class Smtpd:
         self.loop = asyncio.new_event_loop()
         handler = _Handler(self)
         self.server = self.loop.run_until_complete(self.loop.create_server(
-            lambda: SMTP(handler, hostname="peer.test", loop=self.loop, decode_data=False),
-            "127.0.0.1", 0))
+            lambda: SMTP(handler, hostname="peer.test", loop=self.loop, decode_data=False,
+                         tls_context=tls_context, require_starttls=require_starttls,
+                         enable_SMTPUTF8=smtputf8),
+            host, port))
         self.port = self.server.sockets[0].getsockname()[1]
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()

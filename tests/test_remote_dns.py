@@ -84,7 +84,7 @@ def server():
 
 
 def ips(found):
-    return [(pref, socket.inet_ntoa(ip)) for pref, ip in found]
+    return [(pref, socket.inet_ntoa(ip)) for pref, ip, _ in found]
 
 
 SEEDS = [1763790000 + (pid << 16) for pid in range(300)]       # time + pid << 16
@@ -109,7 +109,11 @@ def test_each_host_keeps_dns_order():
     answers = {b"m.test": dns.rrset.from_text("m.test.", 60, "IN", "MX", "10 h.m.test."),
                b"h.m.test": dns.rrset.from_text("h.m.test.", 60, "IN", "A", "127.0.0.3", "127.0.0.1",
                                                 "127.0.0.2")}
-    found, _ = rdns.mx_addresses(b"m.test", 1, lambda name, rdtype: list(answers[name]))
+    def lookup(name, rdtype):
+        if rdtype != answers[name].rdtype.name:
+            raise rdns.DNSHard("no data")
+        return list(answers[name])
+    found, _ = rdns.mx_addresses(b"m.test", 1, lookup)
     assert ips(found) == [(10, "127.0.0.3"), (10, "127.0.0.1"), (10, "127.0.0.2")]
 
 

@@ -39,7 +39,7 @@ def test_exact_wire_bytes(qmail_home):
         _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test", message=MESSAGE)
         assert peer.done.wait(30)
     assert records[-1] == b"K127.0.0.1 accepted message.\nRemote host said: 250 ok 12345\n"
-    assert peer.received[0] == (b"HELO test.example\r\nMAIL FROM:<a@b.example>\r\n"
+    assert peer.received[0] == (b"EHLO test.example\r\nMAIL FROM:<a@b.example>\r\n"
                                 b"RCPT TO:<joe@x.test>\r\nDATA\r\n" + WIRE_BODY + b".\r\nQUIT\r\n")
     assert no_bare_line_ends(peer.received[0])
 
@@ -158,7 +158,7 @@ def test_peer_that_hangs_times_out(qmail_home):
         _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
         assert peer.done.wait(30)
     assert records == [b"ZConnected to 127.0.0.1 but connection died. (#4.4.2)\n"]
-    assert peer.received[0] == b"HELO test.example\r\n"
+    assert peer.received[0] == b"EHLO test.example\r\n"
 
 
 def test_peer_drops_before_data_reply(qmail_home):

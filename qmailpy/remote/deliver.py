@@ -29,21 +29,48 @@ def perm_dns(host):
 
 
 def smtp_address(addr):
-    """quote(local)@domain; an address without '@' goes out as it is ('' -> '<>')."""
+    """quote(local)@domain; an address without '@' goes out as it is ('' -> '<>').
+
+    Bytes above 127 do not make a local part need quotes: RFC 6531 lets UTF-8
+    stand in an atom, and such an address goes out only with SMTPUTF8."""
     at = addr.rfind(b"@")
     if at < 0:
+        return addr
+    masked = addr[:at].translate(_HIGH_AS_A)
+    if quote(masked) == masked:
         return addr
     return quote(addr[:at]) + addr[at:]
 
 
+_HIGH_AS_A = bytes(range(128)) + b"a" * 128
+
+
 class Controls:
-    __slots__ = ("timeout", "timeoutconnect", "session", "helohost", "routes")
+    __slots__ = ("timeout", "timeoutconnect", "session", "helohost", "routes", "sources",
+                 "tlsdestinations")
+
+
+def outgoing_sources(lines):
+    """{4: IPv4 text, 16: IPv6 text} from control/outgoingip (one address of each
+    family at most); raises ControlError on anything else."""
+    from qmailpy.home import ControlError
+    from qmailpy.remote.dns import format_ip, ip_literal
+    sources = {}
+    for line in lines:
+        text = line.strip()
+        ip = ip_literal(b"[" + text + b"]")
+        if ip is None or len(ip) in sources:
+            raise ControlError("control/outgoingip: %r is not one IPv4 and one IPv6 address" % text)
+        sources[len(ip)] = format_ip(ip).decode("ascii")
+    return sources
 
 
 def read_controls(home):
     """qmail-remote's controls; raises ControlError (also when helohost and me are absent)."""
     from qmailpy.home import ControlError, control_int, control_list, control_value
+    from qmailpy.remote import tls
     from qmailpy.remote.routes import route_table
+    from qmailpy.remote.tls import policy_table
     c = Controls()
     c.timeout = control_int(home, "timeoutremote", 1200)
     c.timeoutconnect = control_int(home, "timeoutconnect", 60)
@@ -57,13 +84,15 @@ def read_controls(home):
         raise ControlError("control/helohost has a CR")
     c.helohost = helo
     c.routes = route_table(control_list(home, "smtproutes", []))
+    c.sources = outgoing_sources(control_list(home, "outgoingip", []))
+    c.tlsdestinations = policy_table(control_list(home, tls.CONTROL, []))
     return c
 
 
 def deliver(args, home, messfd=0, lookup=None, now=None, pid=None):
     """The records of one run (a list of bytes, each without its NUL)."""
     from qmailpy.home import ControlError
-    from qmailpy.remote import dns, routes, smtp
+    from qmailpy.remote import dns, routes, smtp, tls
     from qmailpy.remote.tcpto import Table
 
     if len(args) < 3:
@@ -116,17 +145,20 @@ def deliver(args, home, messfd=0, lookup=None, now=None, pid=None):
             mine = dns.local_addresses()
         except OSError:
             return [TEMP_OSERR]
-        prefme = min((pref for pref, ip in found if ip in mine), default=100000)
-        eligible = [(pref, ip) for pref, ip in found if pref < prefme]
+        prefme = min((pref for pref, ip, _ in found if ip in mine), default=100000)
+        eligible = [row for row in found if row[0] < prefme]
         if not eligible:
             return [PERM_AMBIGMX]
 
+    required, cafile = tls.find_policy(controls.tlsdestinations, args[0])
     table = Table(now=now, pid=pid)
-    for _, ip in eligible:
+    failure = TEMP_NOCONN
+    for _, ip, name in eligible:
         if table.suppressed(ip):
             continue
         partner = dns.format_ip(ip)
-        sock, timed_out = smtp.connect(partner.decode("ascii"), port, controls.timeoutconnect)
+        sock, timed_out = smtp.connect(partner.decode("ascii"), port, controls.timeoutconnect,
+                                       controls.sources.get(len(ip)))
         if sock is None:
             table.record(ip, timed_out)
             continue
@@ -135,11 +167,23 @@ def deliver(args, home, messfd=0, lookup=None, now=None, pid=None):
         import time
         deadline = time.monotonic() + controls.session if controls.session else None
         conn = smtp.Connection(sock, controls.timeout, deadline)
-        verdict = smtp.dialogue(conn, partner, controls.helohost, sender, recipients,
-                                messfd, records)
+        policy = tls.Policy(required, cafile,
+                            [n for n in (name, args[0]) if cert_name(n)])
+        try:
+            verdict = smtp.dialogue(conn, partner, controls.helohost, sender, recipients,
+                                    messfd, records, policy)
+        except smtp.TryNext as e:
+            failure = e.args[0]
+            continue
         records.append(verdict)
         return records
-    return [TEMP_NOCONN]
+    return [failure]
+
+
+def cert_name(host):
+    """True if host is a name a certificate may carry (not empty, not an IP literal, ASCII)."""
+    from qmailpy.remote.dns import ip_literal
+    return bool(host) and host.isascii() and ip_literal(host) is None
 
 
 def output(records):

@@ -1,4 +1,4 @@
-"""Mail exchanger and address lookups for qmail-remote (docs/delivery.md "qmail-remote"), IPv4 only.
+"""Mail exchanger and address lookups for qmail-remote (docs/delivery.md "qmail-remote").
 
 Lookups go through a `lookup(name, rdtype)` callable returning the answer's
 records in DNS order (dnspython rdata) or raising DNSHard (the name or the data
@@ -6,9 +6,11 @@ does not exist) / DNSSoft (anything that may work later). `resolver_lookup()`
 builds one on dnspython with res_query's rules: the name is absolute, no search
 list. Tests pass their own lookup.
 
-Results are lists of (preference, 4-byte IPv4 address) in the order qmail tries
-them: MX hosts by increasing preference, equal preferences in the pseudo-random
-order of qmail's dns_mxip(), each host's A records in DNS order.
+Results are lists of (preference, address, host name) in the order they are
+tried: MX hosts by increasing preference, equal preferences in the pseudo-random
+order of qmail's dns_mxip(), each host's AAAA and A records in the order of
+addrsort.rfc6724 (DNS order among equals). An address is 4 bytes (IPv4) or 16
+(IPv6); the host name is b'' for an IP literal.
 """
 import errno
 
@@ -33,14 +35,31 @@ def _dotted(text):
     return bytes(out)
 
 
+def _ipv6(text):
+    import socket
+    try:
+        return socket.inet_pton(socket.AF_INET6, text.decode("ascii"))
+    except (UnicodeDecodeError, OSError, ValueError):
+        return None
+
+
 def ip_literal(host):
-    """The address of `1.2.3.4` or `[1.2.3.4]`, else None."""
+    """The address of `1.2.3.4`, `[1.2.3.4]`, `[IPv6:2001:db8::1]` or `[2001:db8::1]`, else None."""
     if host.startswith(b"[") and host.endswith(b"]"):
-        return _dotted(host[1:-1])
+        inner = host[1:-1]
+        if inner[:5].lower() == b"ipv6:":
+            return _ipv6(inner[5:])
+        if b":" in inner:
+            return _ipv6(inner)
+        return _dotted(inner)
     return _dotted(host)
 
 
 def format_ip(ip):
+    """An address as qmail-remote reports it: dotted IPv4, or IPv6 in its shortest form."""
+    if len(ip) == 16:
+        import socket
+        return socket.inet_ntop(socket.AF_INET6, ip).encode("ascii")
     return b"%d.%d.%d.%d" % tuple(ip)
 
 
@@ -90,13 +109,29 @@ def _host_bytes(target):
 
 
 def addresses(host, lookup, pref=0):
-    """[(pref, ip)] for one host: an IP literal (preference 0), else its A records."""
+    """[(pref, ip, host)] for one host: an IP literal (preference 0), else its AAAA and A records.
+
+    Raises DNSHard only when both lookups fail hard, DNSSoft when one fails
+    temporarily and the other finds nothing."""
     if host:
         literal = ip_literal(host)
         if literal is not None:
-            return [(0, literal)]
+            return [(0, literal, b"")]
     import socket
-    return [(pref, socket.inet_aton(rd.address)) for rd in lookup(host, "A")]
+    from qmailpy.remote.addrsort import rfc6724
+    found = []
+    failures = []
+    for rdtype, family in (("AAAA", socket.AF_INET6), ("A", socket.AF_INET)):
+        try:
+            found.extend(socket.inet_pton(family, rd.address) for rd in lookup(host, rdtype))
+        except (DNSHard, DNSSoft) as e:
+            failures.append(e)
+    if not found:
+        soft = [e for e in failures if isinstance(e, DNSSoft)]
+        if soft:
+            raise soft[0]
+        raise failures[0]
+    return [(pref, ip, host) for ip in rfc6724(found)]
 
 
 def order_mx(records, seed):
@@ -136,7 +171,7 @@ def mx_addresses(host, seed, lookup):
     temporarily, DNSHard when the host has neither MX nor A records."""
     literal = ip_literal(host) if host else None
     if literal is not None:
-        return [(0, literal)], False
+        return [(0, literal, b"")], False
     try:
         records = [(rd.preference, _host_bytes(rd.exchange)) for rd in lookup(host, "MX")]
     except DNSHard:
@@ -163,7 +198,8 @@ _IFF_UP = 0x1
 
 
 def local_addresses():
-    """The IPv4 addresses of the interfaces that are up, plus 0.0.0.0 (a set of 4-byte values)."""
+    """This host's addresses (qmail's ipme, with IPv6): the IPv4 addresses of the interfaces
+    that are up, plus 0.0.0.0, and the IPv6 ones /proc/net/if_inet6 lists, plus ::."""
     import array
     import fcntl
     import socket
@@ -196,4 +232,13 @@ def local_addresses():
                 found.add(req[20:24])
     finally:
         s.close()
+    found.add(bytes(16))
+    try:
+        with open("/proc/net/if_inet6", "rb") as f:
+            for line in f:
+                hexaddr = line.split(b" ", 1)[0]
+                if len(hexaddr) == 32:
+                    found.add(bytes.fromhex(hexaddr.decode("ascii")))
+    except (OSError, ValueError):
+        pass              # no IPv6 on this host
     return found

@@ -1,6 +1,6 @@
 """qmail-rspawn: qmail-send's remote spawner (docs/delivery.md "qmail-rspawn"; docs/protocols.md "qmail-send ↔ spawners").
 
-Runs in queue/mess, clears lock/tcpto at start, and serves spawn commands
+Runs in queue/mess, clears lock/tcpto and lock/tcpto6 at start, and serves spawn commands
 with qmailpy.spawn.serve: one forked child per delivery and recipient. The
 child runs qmail-remote's code directly (no exec, so no interpreter start per
 delivery) with the message on fd 0 and the report pipe on fds 1 and 2; if
@@ -109,6 +109,7 @@ def serve(home, infd=0, outfd=1):
     except privs.PrivError:
         return 111
     tcpto.clean("../lock/tcpto")
+    tcpto.clean("../lock/tcpto6", tcpto.IPV6)
     if not os.environ.get("QMAILREMOTE"):
         preload()
         import gc

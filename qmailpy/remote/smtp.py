@@ -1,8 +1,10 @@
 """qmail-remote's SMTP client dialogue (docs/delivery.md "SMTP dialogue"), byte for byte.
 
-HELO only; each command is written and its reply read before the next; the
-reply code comes from the first line and continuation lines (4th byte '-')
-are read to the end. Every read and every write has its own timeout
+EHLO, falling back to HELO when the peer does not know EHLO (500 or 502);
+STARTTLS when offered (docs/delivery.md "STARTTLS"); MAIL FROM with SMTPUTF8
+when an address is not ASCII. Each command is written and its reply read
+before the next; the reply code comes from the first line and continuation
+lines (4th byte '-') are read to the end. Every read and every write has its own timeout
 (timeoutremote); not in qmail, the whole dialogue also has a deadline
 (timeoutremotesession), so a peer that drips its replies a byte at a time, each
 within the timeout, is still left (class Deadline). The result is a list of
@@ -24,6 +26,11 @@ class Dropped(Exception):
 
 class Deadline(Dropped):
     """The dialogue outlasted its deadline."""
+
+
+class TryNext(Exception):
+    """This host cannot take the message now for a reason of TLS; args[0] is its Z
+    record, used if no later address does better."""
 
 
 class PartialLine(Exception):
@@ -169,6 +176,39 @@ class Connection:
         text, self.text = bytes(self.text), bytearray()
         return b"Remote host said: " + text.replace(b"\0", b"?")
 
+    def extensions(self):
+        """The keywords (uppercase bytes) of the EHLO reply just read: its lines but the first."""
+        lines = bytes(self.text).split(b"\n")[1:]
+        return {line[4:].split(b" ", 1)[0].upper() for line in lines if len(line) > 4}
+
+    def starttls(self, context, server_hostname):
+        """Handshake on the connection (after the peer's 220 to STARTTLS); .tls describes it.
+
+        Bytes the peer sent before the handshake are dropped unread: only what
+        comes through TLS is believed (the CVE-2011-0411 class, client side).
+        Raises Dropped when the handshake fails or times out."""
+        import ssl
+        self._buf, self._pos = b"", 0
+        raw = self.sock
+        try:
+            self._bound()
+            self.sock = context.wrap_socket(raw, server_hostname=server_hostname)
+        except Deadline:
+            raise
+        except ssl.SSLCertVerificationError as e:
+            raw.close()
+            raise Dropped("certificate: " + (e.verify_message or str(e))) from e
+        except (OSError, ValueError) as e:
+            raw.close()
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                raise Deadline("deadline") from e
+            reason = getattr(e, "reason", None) or str(e) or type(e).__name__
+            raise Dropped(str(reason)) from e
+        cipher = self.sock.cipher()
+        self.tls = ("TLS: %s %s" % (self.sock.version(), cipher[0] if cipher else "?")).encode()
+
+    tls = None
+
     def close(self):
         try:
             self.sock.close()
@@ -176,11 +216,18 @@ class Connection:
             pass
 
 
-def connect(ip_text, port, timeout):
-    """(Connection-ready socket, None) or (None, timed_out: bool)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def connect(ip_text, port, timeout, source=None):
+    """(Connection-ready socket, None) or (None, timed_out: bool); source is the local
+    address to bind (text, of the same family) or None."""
+    family = socket.AF_INET6 if ":" in ip_text else socket.AF_INET
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
+        return None, False
     sock.settimeout(timeout if timeout > 0 else 0.001)
     try:
+        if source:
+            sock.bind((source, 0))
         sock.connect((ip_text, port))
     except TimeoutError:
         sock.close()
@@ -193,11 +240,17 @@ def connect(ip_text, port, timeout):
 
 # --- the dialogue -------------------------------------------------------------
 
-def dialogue(conn, partner, helohost, sender, recipients, messfd, records):
+def needs_smtputf8(sender, recipients):
+    return any(max(a, default=0) >= 0x80 for a in (sender, *recipients))
+
+
+def dialogue(conn, partner, helohost, sender, recipients, messfd, records, policy=None):
     """Talk to the peer; append r/h/s records to `records`; return the verdict record.
 
     partner is the peer's address as text (b'1.2.3.4'); sender and recipients
-    are already in their SMTP form (quoted local part)."""
+    are already in their SMTP form (quoted local part); policy is a
+    remote.tls.Policy (None: opportunistic). Raises TryNext when TLS fails or is
+    required and not offered: the next address may do."""
     critical = [False]
 
     def dropped():
@@ -212,16 +265,74 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records):
     def quit(prepend, append):
         conn.deadline = None            # the verdict is known: a late QUIT must not change it
         conn.write(b"QUIT\r\n")       # the peer's answer is not awaited
-        return prepend + partner + append + b".\n" + conn.said()
+        tls = conn.tls + b"\n" if conn.tls else b""
+        return prepend + partner + append + b".\n" + tls + conn.said()
+
+    def hello():
+        """The peer's extensions, or None when it rejected my name."""
+        conn.write(b"EHLO " + helohost + b"\r\n")
+        code = conn.reply()
+        if code == 250:
+            return conn.extensions()
+        if code not in (500, 502):
+            return None
+        conn.write(b"HELO " + helohost + b"\r\n")
+        return set() if conn.reply() == 250 else None
+
+    def tls_failed(why, said=b""):
+        """TryNext after a QUIT that nothing may stop."""
+        conn.deadline = None
+        try:
+            conn.write(b"QUIT\r\n")
+        except Dropped:
+            pass
+        return TryNext(b"ZConnected to " + partner + b" but " + why + b". (#4.7.5)\n" + said)
 
     try:
         try:
             if conn.reply() != 220:
                 return quit(b"ZConnected to ", b" but greeting failed")
-            conn.write(b"HELO " + helohost + b"\r\n")
-            if conn.reply() != 250:
+            ext = hello()
+            if ext is None:
                 return quit(b"ZConnected to ", b" but my name was rejected")
-            conn.write(b"MAIL FROM:<" + sender + b">\r\n")
+            required = policy is not None and policy.required
+            if b"STARTTLS" in ext:
+                from qmailpy.remote import tls
+                conn.write(b"STARTTLS\r\n")
+                if conn.reply() != 220:
+                    raise tls_failed(b"STARTTLS was refused", conn.said())
+                policy = policy or tls.Policy()
+                try:
+                    context = tls.context(policy)
+                except (OSError, ValueError) as e:      # the CA file (ssl.SSLError is an OSError)
+                    raise tls_failed(b"its CA file cannot be used: "
+                                     + str(e).encode("utf-8", "replace")) from None
+                try:
+                    conn.starttls(context, policy.names[0].decode("ascii") if policy.names else None)
+                except Deadline:
+                    raise
+                except Dropped as e:
+                    raise tls_failed(b"the TLS handshake failed: "
+                                     + str(e).encode("utf-8", "replace")) from None
+                if required and not tls.names_match(conn.sock.getpeercert(), policy.names):
+                    raise tls_failed(b"its certificate names none of "
+                                     + b", ".join(policy.names))
+                ext = hello()
+                if ext is None:
+                    return quit(b"ZConnected to ", b" but my name was rejected")
+            elif required:
+                raise tls_failed(b"it does not offer STARTTLS, which control/tlsdestinations "
+                                 b"requires")
+            mail_params = b""
+            if needs_smtputf8(sender, recipients):
+                if b"SMTPUTF8" not in ext:
+                    conn.deadline = None
+                    conn.write(b"QUIT\r\n")
+                    return (b"DSorry, " + partner + b" does not support SMTPUTF8 and an address is "
+                            b"not ASCII: 553 5.6.7 non-ASCII addresses are not permitted for that "
+                            b"recipient. (#5.6.7)\n")
+                mail_params = b" SMTPUTF8"
+            conn.write(b"MAIL FROM:<" + sender + b">" + mail_params + b"\r\n")
             code = conn.reply()
             if code >= 500:
                 return quit(b"DConnected to ", b" but sender was rejected")

@@ -1,10 +1,14 @@
-"""lock/tcpto: remember addresses whose connections time out (docs/delivery.md "tcpto logic"; docs/delivery.md "`lock/tcpto` format").
+"""lock/tcpto and lock/tcpto6: remember addresses whose connections time out (docs/delivery.md "tcpto logic"; docs/delivery.md "`lock/tcpto` format").
 
-Up to 64 records of 16 bytes: IPv4 address (network order), error count
-(0..10) in byte 4, time of the last error as a little-endian u32 in bytes
-8..11. Every access holds an exclusive flock taken on a write-only descriptor.
-qmail-remote works in QMAILHOME, so the path is queue/lock/tcpto; qmail-rspawn
-clears the file at start from queue/mess.
+lock/tcpto is qmail's: up to 64 records of 16 bytes: IPv4 address (network
+order), error count (0..10) in byte 4, time of the last error as a
+little-endian u32 in bytes 8..11. IPv6 addresses live in lock/tcpto6, records
+of 32 bytes: the address in bytes 0..15, the count in byte 16, the time in
+bytes 24..27; so a real qmail reading lock/tcpto never sees an IPv6 address
+there (its first 4 bytes would pass for an IPv4 one). Every access holds an
+exclusive flock taken on a write-only descriptor. qmail-remote works in
+QMAILHOME, so the paths are queue/lock/tcpto{,6}; qmail-rspawn clears both at
+start from queue/mess.
 """
 import fcntl
 import os
@@ -16,22 +20,36 @@ RECORD = 16
 MAX_COUNT = 10
 
 
-def clean(path="../lock/tcpto"):
-    """Overwrite the table with 1024 NULs (qmail-rspawn at start); silent on errors."""
+class Layout:
+    """Where the fields of one family's records are."""
+
+    def __init__(self, suffix, addr_len, record, count_at, when_at):
+        self.suffix, self.addr_len, self.record = suffix, addr_len, record
+        self.count_at, self.when_at = count_at, when_at
+        self.size = 64 * record
+
+
+IPV4 = Layout("", 4, RECORD, 4, 8)
+IPV6 = Layout("6", 16, 32, 16, 24)
+
+
+def clean(path="../lock/tcpto", layout=IPV4):
+    """Overwrite the table with NULs (qmail-rspawn at start, for each of path and path + '6');
+    silent on errors."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
     except OSError:
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, bytes(SIZE))
+        os.write(fd, bytes(layout.size))
     except OSError:
         pass
     finally:
         os.close(fd)
 
 
-def _open_locked(path):
+def _open_locked(path, layout):
     """(lock fd, table bytes) or (None, b'') — the lock fd stays open and locked."""
     try:
         lockfd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
@@ -44,30 +62,27 @@ def _open_locked(path):
         return None, b""
     try:
         fcntl.flock(lockfd, fcntl.LOCK_EX)
-        data = os.read(fd, SIZE)
+        data = os.read(fd, layout.size)
     except OSError:
         os.close(lockfd)
         return None, b""
     finally:
         os.close(fd)
-    data = data[:len(data) // RECORD * RECORD]
+    data = data[:len(data) // layout.record * layout.record]
     if not data:
         os.close(lockfd)
         return None, b""
     return lockfd, data
 
 
-def _when(record):
-    return struct.unpack_from("<I", record, 8)[0]
-
-
-def _records(data):
-    return [bytearray(data[i:i + RECORD]) for i in range(0, len(data), RECORD)]
+def _records(data, layout):
+    return [bytearray(data[i:i + layout.record]) for i in range(0, len(data), layout.record)]
 
 
 class Table:
     """The tcpto checks of one qmail-remote run (it remembers whether the last
-    address looked up was listed, as qmail's flagwasthere does)."""
+    address looked up was listed, as qmail's flagwasthere does). An IPv6
+    address goes to path + '6'."""
 
     def __init__(self, path=PATH, now=None, pid=None):
         import time
@@ -76,18 +91,24 @@ class Table:
         self.pid = os.getpid() if pid is None else pid
         self.was_there = False
 
+    def _file(self, ip):
+        layout = IPV6 if len(ip) == 16 else IPV4
+        return self.path + layout.suffix, layout
+
     def suppressed(self, ip):
         """True if ip timed out at least twice recently enough to skip it now."""
         self.was_there = False
-        lockfd, data = _open_locked(self.path)
+        path, lay = self._file(ip)
+        lockfd, data = _open_locked(path, lay)
         if lockfd is None:
             return False
         os.close(lockfd)
-        for record in _records(data):
-            if bytes(record[:4]) == ip:
+        for record in _records(data, lay):
+            if bytes(record[:lay.addr_len]) == ip:
                 self.was_there = True
-                if record[4] >= 2:
-                    return self._now() - _when(record) < ((60 + (self.pid & 31)) << 6)
+                if record[lay.count_at] >= 2:
+                    when = struct.unpack_from("<I", record, lay.when_at)[0]
+                    return self._now() - when < ((60 + (self.pid & 31)) << 6)
                 return False
         return False
 
@@ -95,41 +116,45 @@ class Table:
         """Note the outcome of a connection attempt to ip (after suppressed(ip))."""
         if not timed_out and not self.was_there:
             return
-        lockfd, data = _open_locked(self.path)
+        path, lay = self._file(ip)
+        lockfd, data = _open_locked(path, lay)
         if lockfd is None:
             return
+        count, at = lay.count_at, lay.when_at
+
+        def when(record):
+            return struct.unpack_from("<I", record, at)[0]
+
+        def write(index, record):
+            try:
+                os.pwrite(lockfd, bytes(record), index * lay.record)
+            except OSError:
+                pass
         try:
-            records = _records(data)
+            records = _records(data, lay)
             for i, record in enumerate(records):
-                if bytes(record[:4]) != ip:
+                if bytes(record[:lay.addr_len]) != ip:
                     continue
                 if not timed_out:
-                    record[4] = 0
+                    record[count] = 0
                 else:
                     now = self._now()
-                    if record[4] and now < 120 + _when(record):
+                    if record[count] and now < 120 + when(record):
                         return
-                    record[4] = min(record[4] + 1, MAX_COUNT)
-                    struct.pack_into("<I", record, 8, now & 0xFFFFFFFF)
-                self._write(lockfd, i, record)
+                    record[count] = min(record[count] + 1, MAX_COUNT)
+                    struct.pack_into("<I", record, at, now & 0xFFFFFFFF)
+                write(i, record)
                 return
             if not timed_out:
                 return
-            slot = next((i for i, r in enumerate(records) if not r[4]), None)
+            slot = next((i for i, r in enumerate(records) if not r[count]), None)
             if slot is None:
                 slot = min(range(len(records)),
-                           key=lambda i: (_when(records[i]) + (records[i][4] << 10), i))
+                           key=lambda i: (when(records[i]) + (records[i][count] << 10), i))
             record = records[slot]
-            record[:4] = ip
-            struct.pack_into("<I", record, 8, self._now() & 0xFFFFFFFF)
-            record[4] = 1
-            self._write(lockfd, slot, record)
+            record[:lay.addr_len] = ip
+            struct.pack_into("<I", record, at, self._now() & 0xFFFFFFFF)
+            record[count] = 1
+            write(slot, record)
         finally:
             os.close(lockfd)
-
-    @staticmethod
-    def _write(lockfd, index, record):
-        try:
-            os.pwrite(lockfd, bytes(record), index * RECORD)
-        except OSError:
-            pass

@@ -1,0 +1,201 @@
+"""qmail-remote's STARTTLS and its policy file (docs/delivery.md "STARTTLS"), and SMTPUTF8 on relay
+(docs/delivery.md "SMTPUTF8"), against aiosmtpd and scripted peers on 127.0.0.1.
+
+Certificates are made here with the openssl program (neither `cryptography` nor
+`trustme` is installed in the venv; three openssl commands do): a CA, a
+certificate for x.test signed by it, and a self-signed one for x.test that no
+CA vouches for.
+"""
+import os
+import shutil
+import ssl
+import subprocess
+
+import pytest
+
+from remote_harness import ScriptedPeer, Smtpd, qmail_remote, route
+
+EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"]
+
+
+class Certs:
+    def __init__(self, directory):
+        self.dir = directory
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def server_context(self, which):
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(self.path(which + ".crt"), self.path(which + ".key"))
+        return ctx
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl program is not installed")
+    d = str(tmp_path_factory.mktemp("certs"))
+
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, timeout=60,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    openssl("req", "-x509", *EC, "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=test CA",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
+    openssl("req", *EC, "-keyout", "good.key", "-out", "good.csr", "-subj", "/CN=x.test")
+    with open(os.path.join(d, "good.ext"), "w") as f:
+        f.write("subjectAltName=DNS:x.test\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", "good.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "2", "-extfile", "good.ext", "-out", "good.crt")
+    openssl("req", "-x509", *EC, "-keyout", "self.key", "-out", "self.crt", "-subj", "/CN=x.test",
+            "-addext", "subjectAltName=DNS:x.test")
+    return Certs(d)
+
+
+def trust(home, certs, policy_line):
+    """control/testca.pem is the test CA; control/tlsdestinations holds policy_line."""
+    with open(certs.path("ca.crt"), "rb") as f:
+        home.control("testca.pem", f.read())
+    home.control("tlsdestinations", policy_line)
+
+
+def tls_line(record):
+    return next((line for line in record.split(b"\n") if line.startswith(b"TLS: ")), None)
+
+
+@pytest.mark.parametrize("which", ["good", "self"])
+def test_opportunistic_tls_is_used_and_logged(qmail_home, certs, which):
+    """No policy: STARTTLS when offered, whatever the certificate."""
+    with Smtpd(tls_context=certs.server_context(which), require_starttls=True) as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
+    assert records[0] == b"r"
+    assert records[1].startswith(b"K127.0.0.1 accepted message.\nTLS: TLSv1.")
+    [t] = peer.transactions
+    assert t.tls is not None
+    assert tls_line(records[1]) == ("TLS: %s %s" % t.tls).encode()
+
+
+def test_required_and_verified(qmail_home, certs):
+    trust(qmail_home, certs, "# mail to x.test only encrypted\nx.test:control/testca.pem\n")
+    with Smtpd(tls_context=certs.server_context("good")) as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
+    assert records[1].startswith(b"K127.0.0.1 accepted message.\nTLS: TLSv1.")
+    [t] = peer.transactions
+    assert t.tls is not None and t.rcpt_tos == ["joe@x.test"]
+
+
+@pytest.mark.parametrize("which,policy,reason", [
+    ("self", "x.test:control/testca.pem\n", b"certificate: self-signed certificate"),
+    ("good", ".test\n", b"certificate: unable to get local issuer certificate"),     # system CAs
+    ("good", "x.test:control/testca.pem\n", None),                 # verified, but for another name
+])
+def test_required_and_not_verified_is_deferred(qmail_home, certs, which, policy, reason):
+    trust(qmail_home, certs, policy)
+    host = "x.test" if reason else "y.x.test"
+    qmail_home.control("tlsdestinations", policy.replace("x.test", host) if not reason else policy)
+    with Smtpd(tls_context=certs.server_context(which)) as peer:
+        route(qmail_home, host, peer.port)
+        _, records = qmail_remote(qmail_home, host, b"a@b.example", b"joe@" + host.encode())
+    [record] = records
+    assert record.startswith(b"ZConnected to 127.0.0.1 but ")
+    assert record.endswith(b"(#4.7.5)\n")
+    if reason:
+        assert b"the TLS handshake failed: " + reason in record
+    else:
+        assert b"its certificate names none of y.x.test." in record
+    assert peer.transactions == []
+
+
+def test_required_but_not_offered_sends_nothing_in_clear(qmail_home, certs):
+    trust(qmail_home, certs, "x.test\n")
+    script = [("send", b"220 p ESMTP\r\n"), ("line",), ("send", b"250-p\r\n250 8BITMIME\r\n")]
+    with ScriptedPeer(script) as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
+        assert peer.done.wait(30)
+    assert records == [b"ZConnected to 127.0.0.1 but it does not offer STARTTLS, which "
+                       b"control/tlsdestinations requires. (#4.7.5)\n"]
+    assert peer.received[0] == b"EHLO test.example\r\nQUIT\r\n"
+
+
+def test_opportunistic_without_starttls_goes_in_clear(qmail_home):
+    with Smtpd() as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
+    assert records[1] == b"K127.0.0.1 accepted message.\nRemote host said: 250 2.0.0 Ok: queued\n"
+    assert peer.transactions[0].tls is None
+
+
+@pytest.mark.parametrize("after", [("close",), ("read", 10)])
+def test_peer_drops_mid_handshake(qmail_home, after):
+    script = [("send", b"220 p ESMTP\r\n"), ("line",), ("send", b"250-p\r\n250 STARTTLS\r\n"),
+              ("line",), ("send", b"220 go ahead\r\n"), after, ("close",)]
+    with ScriptedPeer(script) as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
+        assert peer.done.wait(30)
+    [record] = records
+    assert record.startswith(b"ZConnected to 127.0.0.1 but the TLS handshake failed: ")
+    assert peer.received[0].startswith(b"EHLO test.example\r\nSTARTTLS\r\n")
+    assert b"MAIL" not in peer.received[0]
+
+
+def test_starttls_refused_is_temporary(qmail_home):
+    script = [("send", b"220 p\r\n"), ("line",), ("send", b"250-p\r\n250 STARTTLS\r\n"),
+              ("line",), ("send", b"454 4.7.0 TLS not available\r\n")]
+    with ScriptedPeer(script) as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
+        assert peer.done.wait(30)
+    assert records == [b"ZConnected to 127.0.0.1 but STARTTLS was refused. (#4.7.5)\n"
+                       b"Remote host said: 454 4.7.0 TLS not available\n"]
+    assert peer.received[0] == b"EHLO test.example\r\nSTARTTLS\r\nQUIT\r\n"
+
+
+def test_ehlo_unknown_falls_back_to_helo(qmail_home):
+    script = [("send", b"220 p\r\n"), ("line",), ("send", b"502 what?\r\n"), ("line",),
+              ("send", b"250 p\r\n"), ("line",), ("send", b"250 ok\r\n"), ("line",),
+              ("send", b"550 no\r\n")]
+    with ScriptedPeer(script) as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
+        assert peer.done.wait(30)
+    assert records[-1] == b"DGiving up on 127.0.0.1.\n"
+    assert peer.received[0].startswith(b"EHLO test.example\r\nHELO test.example\r\nMAIL FROM:")
+
+
+# --- SMTPUTF8 ---------------------------------------------------------------------------
+
+UTF8_SENDER = "jöe@b.example".encode()
+UTF8_RCPT = "ünï@x.test".encode()
+
+
+def test_smtputf8_relay_to_a_peer_that_offers_it(qmail_home):
+    with Smtpd(smtputf8=True) as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", UTF8_SENDER, UTF8_RCPT, b"plain@x.test")
+    assert records[-1].startswith(b"K127.0.0.1 accepted message.")
+    [t] = peer.transactions
+    assert t.smtp_utf8 and t.mail_options == []
+    assert (t.mail_from, t.rcpt_tos) == ("jöe@b.example", ["ünï@x.test", "plain@x.test"])
+
+
+def test_smtputf8_needed_but_not_offered_bounces(qmail_home):
+    script = [("send", b"220 p\r\n"), ("line",), ("send", b"250-p\r\n250 8BITMIME\r\n")]
+    with ScriptedPeer(script) as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", UTF8_RCPT)
+        assert peer.done.wait(30)
+    assert records == [b"DSorry, 127.0.0.1 does not support SMTPUTF8 and an address is not ASCII: "
+                       b"553 5.6.7 non-ASCII addresses are not permitted for that recipient. (#5.6.7)\n"]
+    assert peer.received[0] == b"EHLO test.example\r\nQUIT\r\n"
+
+
+def test_ascii_envelope_does_not_ask_for_smtputf8(qmail_home):
+    with Smtpd(smtputf8=True) as peer:
+        route(qmail_home, "x.test", peer.port)
+        qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
+    assert not peer.transactions[0].smtp_utf8
