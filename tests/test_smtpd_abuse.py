@@ -197,14 +197,15 @@ def test_pipelined_client_sends_everything_in_one_write(qmail_home):
                b"RCPT TO:<z@test.example>\r\nDATA\r\nsecond\r\n.\r\nQUIT\r\n")
         replies = s.rest()
     lines = replies.split(b"\r\n")[:-1]
-    assert lines[:4] == [b"250-test.example", b"250-PIPELINING", b"250-SIZE", b"250 8BITMIME"]
-    assert lines[4:9] == [b"250 ok", b"250 ok",
-                          b"553 sorry, that domain isn't in my list of allowed rcpthosts (#5.7.1)",
-                          b"250 ok", b"354 go ahead"]
-    assert re.match(rb"250 ok \d+ qp \d+\Z", lines[9])
-    assert lines[10:13] == [b"250 ok", b"250 ok", b"354 go ahead"]
-    assert re.match(rb"250 ok \d+ qp \d+\Z", lines[13])
-    assert lines[14:] == [b"221 test.example"]
+    assert lines[:5] == [b"250-test.example", b"250-PIPELINING", b"250-SIZE", b"250-SMTPUTF8",
+                         b"250 8BITMIME"]
+    assert lines[5:10] == [b"250 ok", b"250 ok",
+                           b"553 sorry, that domain isn't in my list of allowed rcpthosts (#5.7.1)",
+                           b"250 ok", b"354 go ahead"]
+    assert re.match(rb"250 ok \d+ qp \d+\Z", lines[10])
+    assert lines[11:14] == [b"250 ok", b"250 ok", b"354 go ahead"]
+    assert re.match(rb"250 ok \d+ qp \d+\Z", lines[14])
+    assert lines[15:] == [b"221 test.example"]
     first, second = sorted(queued(qmail_home), key=lambda m: m.sender)
     assert first.recipients == [b"x@test.example", b"y@test.example"]
     assert first.body_after_received() == b"Subject: piped\n\nbody\n"

@@ -68,11 +68,11 @@ def test_ehlo_advertises_pipelining_size_8bitmime(qmail_home):
     qmail_home.control("databytes", "100000\n")
     with session(qmail_home) as s:
         assert s.command(b"EHLO c.example\r\n") == (
-            b"250-test.example\r\n250-PIPELINING\r\n250-SIZE 100000\r\n250 8BITMIME\r\n")
+            b"250-test.example\r\n250-PIPELINING\r\n250-SIZE 100000\r\n250-SMTPUTF8\r\n250 8BITMIME\r\n")
     qmail_home.control("databytes", "0\n")
     with session(qmail_home) as s:
         assert s.command(b"EHLO c.example\r\n") == (
-            b"250-test.example\r\n250-PIPELINING\r\n250-SIZE\r\n250 8BITMIME\r\n")
+            b"250-test.example\r\n250-PIPELINING\r\n250-SIZE\r\n250-SMTPUTF8\r\n250 8BITMIME\r\n")
 
 
 def test_size_parameter_over_databytes_is_refused_at_mail(qmail_home):

@@ -57,6 +57,11 @@ def size_parameter(rest):
     return None
 
 
+def smtputf8_parameter(rest):
+    """True when the ESMTP parameters after a MAIL address include SMTPUTF8 (RFC 6531)."""
+    return any(word.upper() == b"SMTPUTF8" for word in rest.split(b" "))
+
+
 def localiphost_rewrite(addr, liphost, is_local_ip):
     """user@[d.d.d.d] naming this host -> user@{localiphost}."""
     at = addr.rfind(b"@")

@@ -63,6 +63,9 @@ class SmtpdConfig:
         self.remotehost = first(env("TCPREMOTEHOST"))
         self.remoteinfo = env("TCPREMOTEINFO")
         self.relayclient = env("RELAYCLIENT")
+        # AUTH offered (in TLS) when set; "!..." also requires it before MAIL (the AUTH patches' form)
+        self.smtpauth = env("SMTPAUTH")
+        self.auth_required = self.smtpauth is not None and self.smtpauth.startswith(b"!")
         self._more = None
 
     def more_lookup(self):

@@ -7,16 +7,21 @@ timeout or EOF ends the session silently. Not in qmail: the whole session
 (timeoutsmtpdsession) and each DATA (timeoutsmtpddata) have deadlines, so a
 client that keeps every single wait short (one byte a second) is still cut off,
 with the same 451; a DATA cut off queues nothing.
+
+After STARTTLS (tls.py) every read and write goes through the TLS connection;
+AUTH (auth.py) is offered inside it when SMTPAUTH is set.
 """
 import os
 import select
 import time
 
+from qmailpy.home import ControlError
 from qmailpy.smtpd.address import (MAX_ADDRESS, addrparse, badmailfrom, localiphost_rewrite,
-                                   rcpt_allowed, size_parameter)
+                                   rcpt_allowed, size_parameter, smtputf8_parameter)
 from qmailpy.smtpd.config import SetupError, SmtpdConfig
 from qmailpy.smtpd.data import MAX_HOPS, DataReader, StrayNewline
 from qmailpy.smtpd.received import received_line
+from qmailpy.smtpd.received import safe as received_safe
 
 READ_SIZE = 65536
 # qmail has no limit; a longer command line is discarded up to its LF and answered
@@ -44,6 +49,20 @@ R_UNIMPL = b"502 unimplemented (#5.5.1)\r\n"
 R_TIMEOUT = b"451 timeout (#4.4.2)\r\n"
 R_SMTPLF = b"451 See https://cr.yp.to/docs/smtplf.html.\r\n"
 R_TOO_LONG = b"500 command line too long (#5.5.2)\r\n"
+R_TLS_READY = b"220 ready for tls\r\n"
+R_TLS_UNAVAILABLE = b"454 TLS not available due to temporary reason (#4.3.0)\r\n"
+R_TLS_ARGUMENT = b"501 Syntax error (no parameters allowed) (#5.5.4)\r\n"
+R_AUTH_OK = b"235 ok, go ahead (#2.0.0)\r\n"
+R_AUTH_NEEDS_TLS = b"538 encryption required for requested authentication mechanism (#5.7.11)\r\n"
+R_AUTH_REQUIRED = b"530 authentication required (#5.7.0)\r\n"
+R_AUTH_AGAIN = b"503 you're already authenticated (#5.5.0)\r\n"
+R_AUTH_IN_MAIL = b"503 no auth during mail transaction (#5.5.0)\r\n"
+R_AUTH_MECHANISM = b"504 unrecognized authentication type (#5.5.4)\r\n"
+R_AUTH_MALFORMED = b"501 malformed auth input (#5.5.4)\r\n"
+R_AUTH_CANCELLED = b"501 auth exchange cancelled (#5.0.0)\r\n"
+R_AUTH_FAILED = b"535 authentication failed (#5.7.8)\r\n"
+R_AUTH_TEMPORARY = b"454 temporary authentication failure (#4.7.0)\r\n"
+R_AUTH_TOO_MANY = b"421 too many authentication failures (#4.7.0)\r\n"
 
 # After a deadline, the 451 gets this long to go out to a client that does not read.
 DEADLINE_GRACE = 5
@@ -72,6 +91,12 @@ class Session:
         self.fakehelo = None
         self._local_ips = None
         self.until = None           # time.monotonic() deadline of the session or DATA
+        self.tls = None             # the TLS connection after STARTTLS
+        self._can_tls = None
+        self.smtputf8 = False       # MAIL FROM had the SMTPUTF8 parameter
+        self.authenticated = None   # the user name after a successful AUTH
+        self.auth_failures = 0
+        self._checkpassword = None
 
     # -- I/O -------------------------------------------------------------
     def _wait_ms(self):
@@ -85,6 +110,8 @@ class Session:
         return max(1, int(wait * 1000))
 
     def flush(self):
+        if self.tls is not None:
+            return self._flush_tls()
         view = memoryview(self.out)
         poller = select.poll()
         poller.register(self.out_fd, select.POLLOUT)
@@ -100,25 +127,55 @@ class Session:
             view.release()
             self.out.clear()
 
+    def _flush_tls(self):
+        try:
+            wait = self._wait_ms()
+            if not wait:
+                raise _End(1)
+            self.tls.settimeout(wait / 1000)
+            self.tls.sendall(self.out)
+        except OSError:                 # ssl errors and timeouts too
+            raise _End(1)
+        finally:
+            self.out.clear()
+
     def fill(self):
         """Flush replies, then wait (timeoutsmtpd) for more input; EOF ends the session."""
         if self.until is not None and time.monotonic() >= self.until:
             raise _End(1, R_TIMEOUT, deadline=True)
         if self.out:
             self.flush()
+        data = self._read_tls() if self.tls is not None else self._read()
+        if not data:
+            raise _End(1)
+        self.inbuf += data
+
+    def _timed_out(self):
+        return _End(1, R_TIMEOUT, deadline=self.until is not None and time.monotonic() >= self.until)
+
+    def _read(self):
         poller = select.poll()
         poller.register(self.in_fd, select.POLLIN)
         wait = self._wait_ms()
         if not wait or not poller.poll(wait):
-            raise _End(1, R_TIMEOUT, deadline=self.until is not None
-                       and time.monotonic() >= self.until)
+            raise self._timed_out()
         try:
-            data = os.read(self.in_fd, READ_SIZE)
+            return os.read(self.in_fd, READ_SIZE)
         except OSError:
             raise _End(1)
-        if not data:
+
+    def _read_tls(self):
+        if not self.tls.pending():
+            wait = self._wait_ms()
+            if not wait:
+                raise self._timed_out()
+            self.tls.settimeout(wait / 1000)
+        try:
+            return self.tls.recv(READ_SIZE)
+        except TimeoutError:
+            raise self._timed_out()
+        except OSError:
             raise _End(1)
-        self.inbuf += data
 
     def readline(self):
         """The next command line without its LF, or None if it was too long."""
@@ -196,9 +253,135 @@ class Session:
     def ehlo(self, arg):
         self.greet(b"250-")
         size = b"250-SIZE %d\r\n" % self.cfg.databytes if self.cfg.databytes else b"250-SIZE\r\n"
-        self.out += b"\r\n250-PIPELINING\r\n" + size + b"250 8BITMIME\r\n"
+        self.out += b"\r\n250-PIPELINING\r\n" + size
+        if self.tls is None and self.can_tls():
+            self.out += b"250-STARTTLS\r\n"
+        if self.tls is not None and self.auth_offered():
+            from qmailpy.smtpd.auth import MECHANISMS
+            self.out += b"250-AUTH " + MECHANISMS + b"\r\n"
+        self.out += b"250-SMTPUTF8\r\n250 8BITMIME\r\n"
         self.seenmail = False
         self.dohelo(arg)
+
+    # -- STARTTLS and AUTH -------------------------------------------------
+    def can_tls(self):
+        if self._can_tls is None:
+            from qmailpy.smtpd.tls import can_offer
+            self._can_tls = can_offer(self.home, self.in_fd)
+        return self._can_tls
+
+    def starttls(self, arg):
+        if self.tls is not None or not self.can_tls():
+            self.out += R_UNIMPL
+            return
+        if arg:
+            self.out += R_TLS_ARGUMENT
+            return
+        from qmailpy.smtpd import tls
+        from qmailpy.home import control_int
+        try:
+            context = tls.server_context(self.home)
+            timeout = max(1, control_int(self.home, "timeoutsmtpdtls", tls.DEFAULT_HANDSHAKE_TIMEOUT))
+        except (tls.TlsUnavailable, ControlError):
+            self.out += R_TLS_UNAVAILABLE
+            return
+        self.out += R_TLS_READY
+        # Commands pipelined behind STARTTLS arrived in clear: they must not run
+        # inside the TLS session (the CVE-2011-0411 command injection).
+        self.inbuf.clear()
+        self.flush()
+        if self.until is not None:
+            timeout = max(0.001, min(timeout, self.until - time.monotonic()))
+        conn = tls.handshake(context, self.in_fd, timeout)
+        if conn is None:
+            raise _End(1)
+        self.tls = conn
+        # RFC 3207: nothing learnt before the handshake is kept
+        self.seenmail = False
+        self.rcpt = []
+        self.mailfrom = b""
+        self.fakehelo = None
+        self.smtputf8 = False
+
+    def auth_offered(self):
+        if self.cfg.smtpauth is None:
+            return False
+        if self._checkpassword is None:
+            from qmailpy.smtpd.auth import checkpassword_argv
+            try:
+                self._checkpassword = checkpassword_argv(self.home) or ()
+            except ControlError:
+                raise _End(1, R_CONTROLS)
+        return bool(self._checkpassword)
+
+    def auth(self, arg):
+        if not self.auth_offered():
+            self.out += R_UNIMPL
+            return
+        if self.tls is None:
+            self.out += R_AUTH_NEEDS_TLS
+            return
+        if self.authenticated is not None:
+            self.out += R_AUTH_AGAIN
+            return
+        if self.seenmail:
+            self.out += R_AUTH_IN_MAIL
+            return
+        from qmailpy.smtpd import auth
+        mechanism, _, initial = arg.partition(b" ")
+        mechanism = mechanism.upper()
+        try:
+            if mechanism == b"PLAIN":
+                user, password = auth.plain_credentials(initial or self.challenge(b""))
+            elif mechanism == b"LOGIN":
+                user = auth.decode(initial or self.challenge(b"VXNlcm5hbWU6"))  # Username:
+                password = auth.decode(self.challenge(b"UGFzc3dvcmQ6"))           # Password:
+                if not user:
+                    raise auth.Malformed()
+            else:
+                self.out += R_AUTH_MECHANISM
+                return
+        except auth.Malformed:
+            self.out += R_AUTH_MALFORMED
+            return
+        except _Cancelled:
+            self.out += R_AUTH_CANCELLED
+            return
+        try:
+            timeout = auth.checkpassword_timeout(self.home)
+        except ControlError:
+            raise _End(1, R_CONTROLS)
+        verdict = auth.check(list(self._checkpassword), user, password, timeout, self.environ)
+        who = b"%s from %s" % (received_safe(user), self.cfg.remoteip)
+        if verdict == auth.OK:
+            self.authenticated = user
+            if self.cfg.relayclient is None:
+                self.cfg.relayclient = b""
+            log(b"auth ok: " + who)
+            self.out += R_AUTH_OK
+        elif verdict == auth.TEMPORARY:
+            log(b"auth temporary failure: " + who)
+            self.out += R_AUTH_TEMPORARY
+        else:
+            self.auth_failures += 1
+            log(b"auth failed: " + who)
+            if self.auth_failures >= auth.MAX_FAILURES:
+                raise _End(1, R_AUTH_TOO_MANY)
+            time.sleep(auth.FAIL_DELAY)
+            self.out += R_AUTH_FAILED
+
+    def challenge(self, prompt):
+        """Send 334 prompt; the client's answer (a line), or _Cancelled for "*"."""
+        self.out += b"334 " + prompt + b"\r\n"
+        line = self.readline()
+        if line is None:
+            from qmailpy.smtpd.auth import Malformed
+            raise Malformed()
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if line == b"*":
+            raise _Cancelled()
+        return line
 
     def quit(self, arg):
         self.greet(b"221 ")
@@ -207,6 +390,7 @@ class Session:
 
     def rset(self, arg):
         self.seenmail = False
+        self.smtputf8 = False
         self.out += R_FLUSHED
 
     def noop(self, arg):
@@ -236,6 +420,9 @@ class Session:
         return addr, rest
 
     def mail(self, arg):
+        if self.cfg.auth_required and self.authenticated is None:
+            self.out += R_AUTH_REQUIRED
+            return
         addr, rest = self.parse_address(arg)
         if addr is None:
             self.out += R_SYNTAX
@@ -249,6 +436,7 @@ class Session:
             self.out += R_SIZE
             return
         self.flagbarf = badmailfrom(addr, self.cfg.badmailfrom)
+        self.smtputf8 = smtputf8_parameter(rest)
         self.seenmail = True
         self.rcpt = []
         self.mailfrom = addr
@@ -307,7 +495,7 @@ class Session:
             self.until = data_until if session_until is None else min(session_until, data_until)
         try:
             qq.write(received_line(cfg.remotehost, self.fakehelo, cfg.remoteinfo,
-                                   cfg.remoteip, cfg.localhost))
+                                   cfg.remoteip, cfg.localhost, protocol=self.protocol()))
             reader = DataReader(qq.write, cfg.databytes)
             while True:
                 if self.inbuf:
@@ -332,17 +520,39 @@ class Session:
             self.out += R_SIZE
             return
         result = qq.finish(self.mailfrom, self.rcpt)
+        self.smtputf8 = False
         if result.ok:
             self.out += b"250 ok %d qp %d\r\n" % (int(time.time()), result.pid)
         else:
             self.out += (b"554 " if result.permanent else b"451 ") + result.text + b"\r\n"
 
 
+    def protocol(self):
+        """The Received line's "with" word: UTF8SMTP for an SMTPUTF8 transaction (RFC 6531),
+        and the TLS version and cipher in TLS."""
+        word = b"UTF8SMTP" if self.smtputf8 else b"SMTP"
+        if self.tls is None:
+            return word
+        from qmailpy.smtpd.tls import protocol
+        return protocol(self.tls, word)
+
+
+class _Cancelled(Exception):
+    """The client answered a 334 with "*"."""
+
+
+def log(line):
+    try:
+        os.write(2, b"qmail-smtpd: " + line + b"\n")
+    except OSError:
+        pass
+
+
 _COMMANDS = {
     b"helo": Session.helo, b"ehlo": Session.ehlo, b"mail": Session.mail,
     b"rcpt": Session.rcpt_, b"data": Session.data, b"rset": Session.rset,
     b"noop": Session.noop, b"vrfy": Session.vrfy, b"help": Session.help,
-    b"quit": Session.quit,
+    b"quit": Session.quit, b"starttls": Session.starttls, b"auth": Session.auth,
 }
 
 

@@ -1,0 +1,68 @@
+"""STARTTLS for qmail-smtpd (RFC 3207), as the qmail TLS patch names its files.
+
+The certificate and its private key are one PEM file, control/servercert.pem.
+STARTTLS is offered only when that file is readable and the connection on fd 0
+is a socket (under tcpserver, the listener or systemd's Accept=yes it is; a
+pipe is not). ssl is imported only when a session starts TLS, so a plain
+session pays nothing for it.
+"""
+import os
+import stat
+
+CERT = "servercert.pem"
+# How long a client has for the TLS handshake after "220 ready for tls"
+# (control/timeoutsmtpdtls); the session deadline still applies.
+DEFAULT_HANDSHAKE_TIMEOUT = 60
+
+
+class TlsUnavailable(Exception):
+    """The certificate cannot be used: STARTTLS is answered 454."""
+
+
+def cert_path(home):
+    return os.path.join(home, "control", CERT)
+
+
+def can_offer(home, fd):
+    """True when STARTTLS may be advertised: fd is a socket and the certificate is readable."""
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            return False
+    except OSError:
+        return False
+    return os.access(cert_path(home), os.R_OK)
+
+
+def server_context(home):
+    """The ssl module's server defaults, TLS 1.2 at least, with control/servercert.pem."""
+    import ssl
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert_path(home))
+    except (OSError, ssl.SSLError) as e:
+        raise TlsUnavailable(str(e)) from e
+    return context
+
+
+def handshake(context, fd, timeout):
+    """The TLS connection over the socket on fd after a server handshake, or None when
+    the client sent no valid handshake within timeout seconds (or went away)."""
+    import socket
+    sock = socket.socket(fileno=os.dup(fd))
+    conn = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+    conn.settimeout(timeout)
+    try:
+        conn.do_handshake()
+    except (OSError, ValueError):       # ssl.SSLError and socket timeouts are OSErrors
+        conn.close()
+        return None
+    return conn
+
+
+def protocol(conn, word):
+    """The Received line's protocol for a TLS session, after the TLS patch's form:
+    (TLSv1.3:TLS_AES_256_GCM_SHA384 encrypted) SMTP."""
+    name, version, _ = conn.cipher()
+    return b"(%s:%s encrypted) %s" % (version.encode("ascii", "replace"),
+                                       name.encode("ascii", "replace"), word)

@@ -1,0 +1,303 @@
+"""STARTTLS, AUTH on the submission port and SMTPUTF8 in qmail-smtpd (issue 15), over real
+TLS on 127.0.0.1 (listener) or a socket pair (qmail-smtpd as tcpserver runs it), with a
+throw-away CA made by tls_certs.py."""
+import os
+import re
+import shutil
+import smtplib
+import socket
+import ssl
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_smtpd_delivery import wait_maildir
+from test_smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess, queued
+from tls_certs import make_certs
+
+RECEIVED_TLS = re.compile(rb"  by test\.example with \(TLSv1\.[23]:[A-Z0-9_-]+ encrypted\) SMTP; ")
+
+CHECKPASSWORD = """#!%s -S
+import os, sys, time
+user, password = os.read(3, 512).split(b"\\0")[:2]
+if user == b"hang":
+    time.sleep(600)
+sys.exit(0 if (user, password) == (b"alice", b"s3cret") else 1)
+""" % sys.executable
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_certs(str(tmp_path_factory.mktemp("certs")))
+
+
+@pytest.fixture
+def tls_home(qmail_home, certs):
+    qmail_home.control("servercert.pem", certs.server_bytes())
+    qmail_home.control("timeoutsmtpdtls", "1\n")
+    qmail_home.control("timeoutcheckpassword", "1\n")
+    qmail_home.control("rcpthosts", "test.example\n")
+    path = os.path.join(qmail_home.path, "checkpw")
+    with open(path, "w") as f:
+        f.write(CHECKPASSWORD)
+    os.chmod(path, 0o755)
+    qmail_home.control("checkpassword", path + "\n")
+    return qmail_home
+
+
+def submission_env(home):
+    env = dict(home.env)
+    env["SMTPAUTH"] = "!"
+    return env
+
+
+def ehlo_lines(reply):
+    return [line[4:] for line in reply.split(b"\r\n")[:-1]]
+
+
+class TlsSession(SmtpdProcess):
+    """qmail-smtpd on a socket pair; starttls() moves the client side into TLS."""
+
+    def starttls(self, certs):
+        assert self.command(b"STARTTLS\r\n") == b"220 ready for tls\r\n"
+        assert self.pending == b""
+        self.client = certs.client_context().wrap_socket(self.client, server_hostname="localhost")
+
+
+def tls_session(home, certs, **env):
+    s = TlsSession(home, **env)
+    assert s.reply() == b"220 test.example ESMTP\r\n"
+    s.command(b"EHLO c.example\r\n")
+    s.starttls(certs)
+    return s
+
+
+# --- STARTTLS -------------------------------------------------------------------------------
+
+def test_smtplib_starttls_through_the_listener_and_the_received_line(tls_home, certs):
+    with ListenerProcess(tls_home) as listener:
+        with smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT) as client:
+            code, text = client.ehlo("client.example")
+            assert code == 250 and b"STARTTLS" in text.split(b"\n")
+            client.starttls(context=certs.client_context())
+            assert client.sock.version() in ("TLSv1.2", "TLSv1.3")
+            code, text = client.ehlo("client.example")
+            assert b"STARTTLS" not in text.split(b"\n")
+            assert client.sendmail("a@far.example", ["me@test.example"],
+                                   b"Subject: tls\r\n\r\nsecret\r\n") == {}
+        assert listener.stop() == 0
+    [msg] = queued(tls_home)
+    lines = msg.mess.split(b"\n")
+    assert lines[1] == b"Received: from unknown (HELO client.example) (127.0.0.1)"
+    assert RECEIVED_TLS.match(lines[2]), lines[2]
+    assert msg.body_after_received() == b"Subject: tls\n\nsecret\n"
+
+
+def test_no_starttls_without_a_certificate_or_on_a_pipe(tls_home, certs):
+    with SmtpdProcess(tls_home) as s:        # a socket pair: offered while the cert is there
+        s.reply()
+        assert b"STARTTLS" in ehlo_lines(s.command(b"EHLO c.example\r\n"))
+    proc = subprocess.run(["qmail-smtpd"], input=b"EHLO c.example\r\nSTARTTLS\r\nQUIT\r\n",
+                          capture_output=True, env=tls_home.env, timeout=TIMEOUT)
+    assert b"STARTTLS" not in proc.stdout
+    assert b"502 unimplemented (#5.5.1)\r\n221 " in proc.stdout
+    os.unlink(certs_path(tls_home))
+    with SmtpdProcess(tls_home) as s:
+        s.reply()
+        assert b"STARTTLS" not in ehlo_lines(s.command(b"EHLO c.example\r\n"))
+        assert s.command(b"STARTTLS\r\n") == b"502 unimplemented (#5.5.1)\r\n"
+
+
+def certs_path(home):
+    return os.path.join(home.path, "control", "servercert.pem")
+
+
+def test_an_unusable_certificate_is_answered_454(tls_home):
+    tls_home.control("servercert.pem", "not a certificate\n")
+    with SmtpdProcess(tls_home) as s:
+        s.reply()
+        assert s.command(b"STARTTLS\r\n") == (
+            b"454 TLS not available due to temporary reason (#4.3.0)\r\n")
+        assert s.command(b"NOOP\r\n") == b"250 ok\r\n"
+
+
+def test_commands_pipelined_after_starttls_are_discarded(tls_home, certs):
+    with ListenerProcess(tls_home) as listener:
+        with socket.create_connection(("127.0.0.1", listener.port), timeout=TIMEOUT) as sock:
+            f = sock.makefile("rb")
+            assert f.readline() == b"220 test.example ESMTP\r\n"
+            sock.sendall(b"STARTTLS\r\nRSET\r\n")           # one write: the injection
+            assert f.readline() == b"220 ready for tls\r\n"
+            tls = certs.client_context().wrap_socket(sock, server_hostname="localhost")
+            tls.sendall(b"NOOP\r\n")
+            assert tls.recv(100) == b"250 ok\r\n"        # not "250 flushed" for the RSET
+            tls.sendall(b"QUIT\r\n")
+            assert tls.recv(100) == b"221 test.example\r\n"
+
+
+def test_starttls_resets_the_transaction_and_helo(tls_home, certs):
+    s = TlsSession(tls_home)
+    with s:
+        s.reply()
+        s.command(b"EHLO before.example\r\n")
+        assert s.command(b"MAIL FROM:<a@b.example>\r\n") == b"250 ok\r\n"
+        s.starttls(certs)
+        assert s.command(b"RCPT TO:<me@test.example>\r\n") == b"503 MAIL first (#5.5.1)\r\n"
+        assert s.command(b"STARTTLS\r\n") == b"502 unimplemented (#5.5.1)\r\n"
+        assert s.command(b"MAIL FROM:<a@b.example>\r\n") == b"250 ok\r\n"
+        assert s.command(b"RCPT TO:<me@test.example>\r\n") == b"250 ok\r\n"
+        assert s.command(b"DATA\r\n") == b"354 go ahead\r\n"
+        assert s.command(b"hi\r\n.\r\n").startswith(b"250 ok ")
+        assert s.command(b"QUIT\r\n") == b"221 test.example\r\n"
+    [msg] = queued(tls_home)
+    # the HELO given before STARTTLS is forgotten
+    assert msg.mess.split(b"\n")[1] == b"Received: from unknown (192.0.2.7)"
+
+
+def test_garbage_or_no_handshake_ends_the_session_and_the_listener_keeps_serving(tls_home):
+    with ListenerProcess(tls_home) as listener:
+        garbage = socket.create_connection(("127.0.0.1", listener.port), timeout=TIMEOUT)
+        silent = socket.create_connection(("127.0.0.1", listener.port), timeout=TIMEOUT)
+        for sock in (garbage, silent):
+            f = sock.makefile("rb")
+            assert f.readline() == b"220 test.example ESMTP\r\n"
+            sock.sendall(b"STARTTLS\r\n")
+            assert f.readline() == b"220 ready for tls\r\n"
+        garbage.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        started = time.monotonic()
+        assert closed(garbage)                       # no reply in clear, no TLS
+        assert closed(silent)                        # timeoutsmtpdtls is 1 s
+        assert time.monotonic() - started < 10
+        with smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT) as client:
+            assert client.noop() == (250, b"ok")
+        garbage.close()
+        silent.close()
+        assert listener.stop() == 0
+
+
+def closed(sock):
+    """True when the server closed the connection (a reset for unread bytes counts)."""
+    try:
+        return sock.recv(100) == b""
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.skipif(shutil.which("swaks") is None, reason="swaks is not installed")
+def test_swaks_tls(tls_home, certs):
+    with ListenerProcess(tls_home) as listener:
+        done = subprocess.run(["swaks", "-tls", "--server", "127.0.0.1", "--port", str(listener.port),
+                               "--from", "a@far.example", "--to", "me@test.example",
+                               "--helo", "swaks.example"],
+                              capture_output=True, timeout=TIMEOUT)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert b"<-  220 ready for tls" in done.stdout
+        assert b"~> QUIT" in done.stdout
+        assert listener.stop() == 0
+    [msg] = queued(tls_home)
+    assert RECEIVED_TLS.match(msg.mess.split(b"\n")[2])
+
+
+# --- AUTH -----------------------------------------------------------------------------------
+
+def test_submission_smtplib_login_grants_relaying(tls_home, certs):
+    with ListenerProcess(tls_home, env=submission_env(tls_home)) as listener:
+        with smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT) as client:
+            code, text = client.ehlo("client.example")
+            assert not any(line.startswith(b"AUTH") for line in text.split(b"\n"))
+            assert client.docmd("AUTH", "PLAIN AGFsaWNlAHMzY3JldA==") == (
+                538, b"encryption required for requested authentication mechanism (#5.7.11)")
+            assert client.docmd("MAIL", "FROM:<alice@test.example>") == (
+                530, b"authentication required (#5.7.0)")
+            client.starttls(context=certs.client_context())
+            code, text = client.ehlo("client.example")
+            assert b"AUTH LOGIN PLAIN" in text.split(b"\n")
+            assert client.docmd("MAIL", "FROM:<alice@test.example>")[0] == 530
+            assert client.login("alice", "s3cret") == (235, b"ok, go ahead (#2.0.0)")
+            assert client.sendmail("alice@test.example", ["bob@far.example"],
+                                   b"Subject: relayed\r\n\r\nout\r\n") == {}
+        for method in ("LOGIN", "PLAIN"):      # each mechanism answering its 334 challenges
+            with smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT) as client:
+                client.starttls(context=certs.client_context())
+                client.ehlo("client.example")
+                client.user, client.password = "alice", "s3cret"
+                assert client.auth(method, getattr(client, "auth_" + method.lower()),
+                                   initial_response_ok=False)[0] == 235
+        assert listener.stop() == 0
+    [msg] = queued(tls_home)
+    assert msg.recipients == [b"bob@far.example"]
+
+
+def test_qmail_smtpd_auth_login_plain_and_failures(tls_home, certs):
+    with tls_session(tls_home, certs, SMTPAUTH="!") as s:
+        assert s.command(b"AUTH CRAM-MD5\r\n") == b"504 unrecognized authentication type (#5.5.4)\r\n"
+        assert s.command(b"AUTH PLAIN !!notbase64\r\n") == b"501 malformed auth input (#5.5.4)\r\n"
+        assert s.command(b"AUTH LOGIN\r\n") == b"334 VXNlcm5hbWU6\r\n"
+        assert s.command(b"*\r\n") == b"501 auth exchange cancelled (#5.0.0)\r\n"
+        started = time.monotonic()
+        assert s.command(b"AUTH LOGIN YWxpY2U=\r\n") == b"334 UGFzc3dvcmQ6\r\n"
+        assert s.command(b"d3Jvbmc=\r\n") == b"535 authentication failed (#5.7.8)\r\n"
+        assert time.monotonic() - started >= 1            # auth.FAIL_DELAY
+        assert s.command(b"MAIL FROM:<alice@test.example>\r\n") == (
+            b"530 authentication required (#5.7.0)\r\n")
+        assert s.command(b"AUTH PLAIN\r\n") == b"334 \r\n"
+        assert s.command(b"AGFsaWNlAHMzY3JldA==\r\n") == b"235 ok, go ahead (#2.0.0)\r\n"
+        assert s.command(b"AUTH PLAIN AGFsaWNlAHMzY3JldA==\r\n") == (
+            b"503 you're already authenticated (#5.5.0)\r\n")
+        assert s.command(b"MAIL FROM:<alice@test.example>\r\n") == b"250 ok\r\n"
+        assert s.command(b"RCPT TO:<bob@far.example>\r\n") == b"250 ok\r\n"
+        s.command(b"QUIT\r\n")
+        assert s.close() == 0
+    log = s.stderr.decode()
+    assert "qmail-smtpd: auth failed: alice from 192.0.2.7\n" in log
+    assert "qmail-smtpd: auth ok: alice from 192.0.2.7\n" in log
+
+
+def test_too_many_failures_end_the_session(tls_home, certs):
+    with tls_session(tls_home, certs, SMTPAUTH="") as s:
+        for _ in range(2):
+            assert s.command(b"AUTH PLAIN AGFsaWNlAHdyb25n\r\n") == (
+                b"535 authentication failed (#5.7.8)\r\n")
+        s.send(b"AUTH PLAIN AGFsaWNlAHdyb25n\r\n")
+        assert s.rest() == b"421 too many authentication failures (#4.7.0)\r\n"
+        assert s.close() == 1
+    assert s.stderr.count(b"auth failed: alice") == 3
+
+
+def test_a_hanging_checkpassword_is_killed_and_answered_454(tls_home, certs):
+    with tls_session(tls_home, certs, SMTPAUTH="") as s:
+        started = time.monotonic()
+        assert s.command(b"AUTH PLAIN AGhhbmcAeA==\r\n") == (     # user "hang"
+            b"454 temporary authentication failure (#4.7.0)\r\n")
+        assert time.monotonic() - started < 10
+        assert s.command(b"NOOP\r\n") == b"250 ok\r\n"
+        # SMTPAUTH without "!": mail is taken without AUTH, but not relayed
+        assert s.command(b"MAIL FROM:<a@b.example>\r\n") == b"250 ok\r\n"
+        assert s.command(b"RCPT TO:<bob@far.example>\r\n").startswith(b"553 ")
+
+
+# --- SMTPUTF8 -------------------------------------------------------------------------------
+
+@pytest.mark.both_backends
+def test_smtputf8_to_a_utf8_local_part_lands_in_the_maildir(qmail_home, users, daemons):
+    me = users.add("me-", dash="-", wildcard=True)      # me-EXT is ~me/.qmail-EXT
+    users.dotqmail(me, "-jörg", "./Maildir/\n")
+    daemons.start()
+    daemons.wait_line(r"^status: ")
+    with ListenerProcess(qmail_home) as listener:
+        with smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT) as client:
+            code, text = client.ehlo("client.example")
+            assert {b"SMTPUTF8", b"8BITMIME"} <= set(text.split(b"\n"))
+            message = "Subject: grüße\r\n\r\nbody ü\r\n".encode()
+            assert client.sendmail("rené@far.example", ["me-jörg@test.example"], message,
+                                   mail_options=["SMTPUTF8", "BODY=8BITMIME"]) == {}
+        assert listener.stop() == 0
+    (got,) = wait_maildir(os.path.join(me, "Maildir"), 1)
+    lines = got.split(b"\n")
+    # qmail's quote(): a byte above 127 makes the local part a quoted string (RFC 6532 allows it)
+    assert lines[0] == 'Return-Path: <"rené"@far.example>'.encode()
+    assert lines[1] == "Delivered-To: me-jörg@test.example".encode()
+    assert lines[4].startswith(b"  by test.example with UTF8SMTP; ")
+    assert got.endswith("Subject: grüße\n\nbody ü\n".encode())
