@@ -105,3 +105,24 @@ def counts(queue_dir):
     except OSError as e:
         raise ListError(e.errno, "unable to opendir todo: %s" % error_text(e)) from e
     return mess, todo
+
+
+def _count_numbers(directory):
+    try:
+        return sum(1 for name in os.listdir(directory) if is_number(name))
+    except FileNotFoundError:
+        return 0
+
+
+def state_counts(queue_dir):
+    """{new, preprocessed, local, remote, held, total} by directory counts (qmailctl queue
+    size; qmailpy/ctl/queuesize.py defines the states): todo/, info/*, local/*, remote/*, hold/."""
+    split = {kind: sum(_count_numbers(os.path.join(queue_dir, kind, str(s))) for s in range(SPLIT))
+             for kind in ("info", "local", "remote")}
+    todo = _numbers(os.path.join(queue_dir, "todo"))
+    # preprocessing interrupted (info written, todo not yet cleaned): still new
+    both = sum(1 for n in todo if os.path.exists(os.path.join(queue_dir, "info", str(n % SPLIT), str(n))))
+    counts = {"new": len(todo), "preprocessed": split["info"] - both, "local": split["local"],
+              "remote": split["remote"], "held": _count_numbers(os.path.join(queue_dir, "hold"))}
+    counts["total"] = counts["new"] + counts["preprocessed"]
+    return counts

@@ -54,7 +54,16 @@ def queue_reader(home):
     if backend_name(home) == "log":
         from qmailpy.backends import open_backend
         backend = open_backend(home)
-        return backend.list_messages, backend.counts
+
+        def counts():
+            # qmail-send's counters and the records after them (backends/logcounts.py),
+            # as `qmailctl queue size`; without them, a full read of the log
+            found = backend.current_counts()
+            if found is None:
+                return backend.counts()
+            found = found.as_dict()
+            return found["total"], found["new"]
+        return backend.list_messages, counts
     from qmailpy.backends import dirlist
     queue = os.path.join(home, "queue")
     return (lambda: dirlist.list_messages(queue)), (lambda: dirlist.counts(queue))

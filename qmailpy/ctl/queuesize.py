@@ -24,27 +24,6 @@ def add_arguments(parser):
                         help="log backend: count by reading every message, not the counters")
 
 
-def _count(directory):
-    from qmailpy.layout import is_number
-    try:
-        return sum(1 for name in os.listdir(directory) if is_number(name))
-    except FileNotFoundError:
-        return 0
-
-
-def dir_sizes(queue):
-    from qmailpy.layout import SPLIT, numbers_in, relpath
-    split = {kind: sum(_count(os.path.join(queue, kind, str(s))) for s in range(SPLIT))
-             for kind in ("info", "local", "remote")}
-    todo = numbers_in(os.path.join(queue, "todo"))
-    # preprocessing interrupted (info written, todo not yet cleaned): still new
-    both = sum(1 for n in todo if os.path.exists(os.path.join(queue, relpath("info", n))))
-    sizes = {"new": len(todo), "preprocessed": split["info"] - both, "local": split["local"],
-             "remote": split["remote"], "held": _count(os.path.join(queue, "hold"))}
-    sizes["total"] = sizes["new"] + sizes["preprocessed"]
-    return sizes
-
-
 def exact_sizes(home):
     """Every message read once (either backend), memory bounded."""
     from qmailpy.ctl.queuefilter import record_states
@@ -61,7 +40,8 @@ def sizes(home, exact=False):
     """{state: count} of a home's queue, as described above."""
     from qmailpy.backends import backend_name
     if backend_name(home) == "dir":
-        return dir_sizes(os.path.join(home, "queue"))
+        from qmailpy.backends.dirlist import state_counts
+        return state_counts(os.path.join(home, "queue"))
     if not exact:
         from qmailpy.backends.logqueue import LogQueue
         queue = LogQueue(home)

@@ -23,7 +23,7 @@ from qmailpy import logline, trigger
 from qmailpy.backends.base import SLEEP_SYSFAIL, QueueError
 from qmailpy.send.clean import CleanClient, CleanerLost
 from qmailpy.envelope import bounce_note
-from qmailpy.send import bounce, schedule
+from qmailpy.send import bounce, metrics, schedule
 from qmailpy.send.channel import Channel, Delivery, Job
 from qmailpy.send.throttle import Gate
 from qmailpy.spawn import encode_command, verp
@@ -136,6 +136,7 @@ class QmailSend:
         self.nexttodorun = self.now
         self.trigger_fd = self._open_trigger(None)
         self.cleanuptime = self.now
+        self.metrics = metrics.MetricsFile.of(self.home)
 
     def _add_scheduled(self, entry):
         if entry.channel is None:
@@ -209,6 +210,7 @@ class QmailSend:
                     rfds.append(self.trigger_fd)
                 wakeup = min(wakeup, 0 if self.todo else self.nexttodorun)
                 wakeup = min(wakeup, 0 if self.cleanup is not None else self.cleanuptime)
+                wakeup = min(wakeup, self.metrics.due())
             timeout = 0 if wakeup <= now else wakeup - now + SLEEP_FUZZ
             gate_wakeup = self.gate.next_wakeup()
             if gate_wakeup is not None:
@@ -235,6 +237,7 @@ class QmailSend:
                 self.by_name[p.channel].schedule(self.now, p.n)
             self.pass_do()
             self.cleanup_do()
+            self.metrics_do()
         self.finish()
         return EXIT_LOST_HELPER if self.helper_lost else 0
 
@@ -258,7 +261,21 @@ class QmailSend:
         for ch in self.channels:
             entries.extend((n, ch.name, due) for due, n in ch.heap)
         self.backend.save_schedule(entries)
+        self.metrics_do(force=True)
         self.log(logline.status_exiting())
+
+    def metrics_do(self, force=False):
+        """HOME/metrics/qmail.prom when due, and at exit (send/metrics.py)."""
+        if not force and int(time.time()) < self.metrics.due():
+            return
+        try:
+            sizes = metrics.queue_sizes(self.backend, os.path.join(self.home, "queue"))
+        except OSError as e:
+            self.warn("unable to count the queue for metrics: %s" % e.strerror)
+            sizes = None
+        error = self.metrics.write(sizes, int(time.time()))
+        if error:
+            self.warn(error)
 
     def reread(self):
         alert = self.controls.reread()
@@ -325,11 +342,14 @@ class QmailSend:
             letter, text = b"D", text + DYING_TEXT
         if letter == b"K":
             self.log(logline.delivery(dl.d, "success", text))
+            metrics.delivery(ch.name, "success")
             self.mark_done(ch, job, dl.record)
         elif letter == b"Z":
             self.log(logline.delivery(dl.d, "deferral", text))
+            metrics.delivery(ch.name, "deferral")
         elif letter == b"D":
             self.log(logline.delivery(dl.d, "failure", text))
+            metrics.delivery(ch.name, "failure")
             self.add_bounce(job.n, dl.record.address, text)
             self.mark_done(ch, job, dl.record)
         else:

@@ -47,14 +47,18 @@ def throttled_wait(channel):
 
 
 def render(counters, sizes, oldest_age, now):
-    """The exposition text: sizes {state: count, "total": n}, oldest_age seconds or None."""
-    out = ["# HELP qmail_queue_messages Messages in the queue (queued or preprocessed).",
-           "# TYPE qmail_queue_messages gauge",
-           "qmail_queue_messages %d" % sizes["total"],
-           "# HELP qmail_queue_messages_by_state Messages in the queue per state "
-           "(local, remote: with that channel open).",
-           "# TYPE qmail_queue_messages_by_state gauge"]
-    out += ['qmail_queue_messages_by_state{state="%s"} %d' % (s, sizes.get(s, 0)) for s in STATES]
+    """The exposition text: sizes {state: count, "total": n} (None: not known, left
+    out), oldest_age seconds or None."""
+    out = []
+    if sizes is not None:
+        out += ["# HELP qmail_queue_messages Messages in the queue (queued or preprocessed).",
+                "# TYPE qmail_queue_messages gauge",
+                "qmail_queue_messages %d" % sizes["total"],
+                "# HELP qmail_queue_messages_by_state Messages in the queue per state "
+                "(local, remote: with that channel open).",
+                "# TYPE qmail_queue_messages_by_state gauge"]
+        out += ['qmail_queue_messages_by_state{state="%s"} %d' % (s, sizes.get(s, 0))
+                for s in STATES]
     out += ["# HELP qmail_deliveries_total Delivery attempts by channel and result.",
             "# TYPE qmail_deliveries_total counter"]
     out += ['qmail_deliveries_total{channel="%s",result="%s"} %d' % (c, r, counters.deliveries[(c, r)])
@@ -117,8 +121,23 @@ class OldestBody:
         return min(known) if known else None
 
 
+def queue_sizes(backend, queue):
+    """{state: count, "total": n} of qmail-send's queue, or None while unknown: the log
+    backend's own counters (backends/logcounts.py), the directory backend's counts."""
+    if backend.name == "log":
+        counts = backend.state_counts
+        return counts.as_dict() if counts is not None else None
+    from qmailpy.backends.dirlist import state_counts
+    return state_counts(queue)
+
+
 class MetricsFile:
     """HOME/metrics/qmail.prom, written by qmail-send every interval seconds and at exit."""
+
+    @classmethod
+    def of(cls, home):
+        from qmailpy.home import control_int
+        return cls(home, control_int(home, INTERVAL_CONTROL, DEFAULT_INTERVAL))
 
     def __init__(self, home, interval):
         self.path = os.path.join(home, DIRECTORY, FILE)
@@ -137,6 +156,7 @@ class MetricsFile:
         text = render(counters or COUNTERS, sizes, None if oldest is None else max(0, now - oldest), now)
         tmp = "%s.tmp" % self.path
         try:
+            os.makedirs(os.path.dirname(self.path), 0o755, exist_ok=True)
             with open(tmp, "w") as f:
                 f.write(text)
             os.chmod(tmp, 0o644)
