@@ -16,6 +16,7 @@ import time
 from collections import deque
 
 from qmailpy import logline
+from qmailpy.send import metrics
 
 CACHE_MAX = 10000       # domains whose rule lookup is remembered
 
@@ -71,8 +72,6 @@ class Gate:
         self.delays = []                # heap of (due, seq, Parked)
         self.waiting = set()            # domains with waiters
         self.seq = itertools.count()
-        self.waits = 0                  # deliveries held back by a limit (metrics)
-        self.delayed = 0                # deliveries held back by control/delaydomains
         self.set_rules(rules)
 
     def set_rules(self, rules):
@@ -110,14 +109,13 @@ class Gate:
             return None
         cap, rate, delay = limits
         if delay is not None and now < birth + delay:
-            self.delayed += 1
             return domain, birth + delay
         if not limited or (cap is None and rate is None):
             return None
         st = self._state(domain, cap, rate)
         if st.free(time.time()) > 0:
             return None
-        self.waits += 1
+        metrics.throttled_wait("remote")
         st.held += 1
         if not st.throttled:
             st.throttled = True

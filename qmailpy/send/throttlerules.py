@@ -1,4 +1,4 @@
-"""The per-domain rules of qmail-send's remote channel (docs/control-files.md "Throttling and delays").
+"""The per-domain rules of qmail-send (docs/qmail-send.md "Throttling and delays").
 
 control/concurrencydomains  domain:n                  at most n deliveries in flight
 control/ratelimits          domain:messages/seconds   at most `messages` starts in any `seconds`

@@ -1,0 +1,186 @@
+"""qmail-send's remote delivery rate with and without per-domain rules that never bind.
+
+    .venv/bin/python bench/throttle.py [-n 2000] [--domains 10] [--rounds 2] [--backend dir|log]
+                                       [--extra-lines 100]
+
+For each round, twice on a fresh home (`qmailctl init`): N one-recipient messages to
+u<i>@d<i mod D>.test are queued first (forked qmail-queue code, as bench/deliver.py
+--prefill), then the real daemons start (`qmail-start`, qmail-rspawn forking
+qmail-remote's code) and deliver them through control/smtproutes to an aiosmtpd Sink
+on 127.0.0.1. The time runs from qmail-start to the N-th `end msg` line in
+qmail-send's log. The first run of a round has no rules; the second has rules that
+apply to every domain and never bind: control/concurrencydomains d<i>.test:120
+(concurrencyremote is 20), control/ratelimits d<i>.test:1000000/1,
+control/delaydomains d<i>.test:0, plus --extra-lines lines per file for other
+domains, so every remote delivery goes through the gate's lookups and counts
+(qmailpy/send/throttle.py). The runs alternate so drift hits both alike. Prints
+deliveries/s and qmail-send's CPU ms per delivery of each run, their medians per
+mode, and the ratio; a `throttling` line in the rules run's log means a rule did
+bind and is reported as an error.
+"""
+import argparse
+import multiprocessing
+import os
+import pwd
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+from inotify_simple import INotify, flags
+
+BIN = os.path.dirname(sys.executable)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_listening(port, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("aiosmtpd did not start")
+
+
+def write_control(home, name, text):
+    path = os.path.join(home, "control", name)
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o644)
+
+
+def make_home(base, user, backend, port, domains, rules, extra):
+    home = os.path.join(base, "home")
+    env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+    env.pop("QMAILREMOTE", None)
+    subprocess.run(["qmailctl", "init", "--home", home, "--me", "bench.example", "--user", user],
+                   env=env, check=True, capture_output=True)
+    env["PATH"] = os.path.join(home, "bin") + os.pathsep + env["PATH"]
+    env["QMAILHOME"] = home
+    names = ["d%d.test" % i for i in range(domains)]
+    write_control(home, "smtproutes", "".join("%s:[127.0.0.1]:%d\n" % (d, port) for d in names))
+    if backend != "dir":
+        write_control(home, "queuebackend", backend + "\n")
+    if rules:
+        others = ["other%d.example" % i for i in range(extra)]
+        write_control(home, "concurrencydomains", "".join("%s:120\n" % d for d in others + names))
+        write_control(home, "ratelimits", "".join("%s:1000000/1\n" % d for d in others + names))
+        write_control(home, "delaydomains", "".join("%s:0\n" % d for d in others + names))
+    return home, env
+
+
+def inject(args):
+    home, first, count, domains = args
+    os.environ["QMAILHOME"] = home
+    from qmailpy.queue.client import QueueClient
+    body = b"Subject: bench\n\n" + b"x" * 70 + b"\n"
+    for i in range(first, first + count):
+        qq = QueueClient(home)
+        qq.write(body)
+        result = qq.finish(b"sender@bench.example", [b"u%d@d%d.test" % (i, i % domains)])
+        if not result.ok:
+            raise SystemExit("qmail-queue failed: %r" % result)
+
+
+def count_lines(path, prefix):
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.startswith(prefix))
+
+
+def run(args, rules, port):
+    """One run on a fresh home: (deliveries/s, qmail-send CPU ms per delivery, throttling lines)."""
+    user = "nobody" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+    base = tempfile.mkdtemp(prefix="qmailpy-bench-")
+    os.chmod(base, 0o755)
+    send = None
+    try:
+        home, env = make_home(base, user, args.backend, port, args.domains, rules, args.extra_lines)
+        per = [args.n // 4 + (1 if k < args.n % 4 else 0) for k in range(4)]
+        firsts = [sum(per[:k]) for k in range(4)]
+        with multiprocessing.Pool(4) as pool:
+            pool.map(inject, [(home, f, c, args.domains) for f, c in zip(firsts, per)])
+        logpath = os.path.join(base, "send.log")
+        open(logpath, "wb").close()
+        ino = INotify()
+        ino.add_watch(logpath, flags.MODIFY)
+        with open(logpath, "ab") as log:
+            t0 = time.monotonic()
+            send = subprocess.Popen(["qmail-start", "./Maildir/"], stdout=log, stderr=log, env=env,
+                                    cwd="/", start_new_session=True)
+        deadline = t0 + max(120, args.n / 5)
+        while count_lines(logpath, b"end msg ") < args.n:
+            if time.monotonic() > deadline or send.poll() is not None:
+                raise SystemExit("only %d of %d delivered; log tail:\n%s" % (
+                    count_lines(logpath, b"end msg "), args.n, open(logpath, "rb").read()[-2000:].decode()))
+            ino.read(timeout=1000)
+        elapsed = time.monotonic() - t0
+        times = psutil.Process(send.pid).cpu_times()
+        cpu = (times.user + times.system) * 1000 / args.n
+        with open(logpath, "rb") as f:
+            failures = sum(1 for line in f if line.startswith(b"delivery ") and b": success: " not in line)
+        if failures:
+            raise SystemExit("%d deliveries did not succeed; see the sink" % failures)
+        return args.n / elapsed, cpu, count_lines(logpath, b"throttling ")
+    finally:
+        if send is not None and send.poll() is None:
+            send.send_signal(signal.SIGTERM)
+            send.wait(timeout=60)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-n", type=int, default=2000, help="messages, one recipient each (default 2000)")
+    ap.add_argument("--domains", type=int, default=10, help="recipient domains (default 10)")
+    ap.add_argument("--rounds", type=int, default=2, help="runs of each mode, alternating (default 2)")
+    ap.add_argument("--backend", choices=("dir", "log"), default="dir")
+    ap.add_argument("--extra-lines", type=int, default=100,
+                    help="rule lines for other domains in each control file (default 100)")
+    args = ap.parse_args()
+    port = free_port()
+    sink = subprocess.Popen([os.path.join(BIN, "aiosmtpd"), "-n", "-l", "127.0.0.1:%d" % port,
+                             "-c", "aiosmtpd.handlers.Sink"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results = {False: [], True: []}
+    try:
+        wait_listening(port)
+        for r in range(args.rounds):
+            for rules in (False, True):
+                rate, cpu, throttled = run(args, rules, port)
+                if throttled:
+                    raise SystemExit("a rule bound: %d throttling lines" % throttled)
+                results[rules].append((rate, cpu))
+                print("round %d %-8s %7.1f deliveries/s  qmail-send CPU %.3f ms/delivery" % (
+                    r + 1, "rules" if rules else "no rules", rate, cpu), flush=True)
+    finally:
+        sink.terminate()
+        sink.wait(30)
+    print("== %s backend, N=%d, %d domains, %d rounds" % (args.backend, args.n, args.domains, args.rounds))
+    med = {}
+    for rules in (False, True):
+        rates = [x[0] for x in results[rules]]
+        cpus = [x[1] for x in results[rules]]
+        med[rules] = (statistics.median(rates), statistics.median(cpus))
+        print("%-8s median %7.1f deliveries/s  qmail-send CPU %.3f ms/delivery" % (
+            "rules" if rules else "no rules", *med[rules]))
+    print("rules / no rules: rate %.3f, qmail-send CPU %.3f" % (
+        med[True][0] / med[False][0], med[True][1] / med[False][1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
