@@ -10,8 +10,13 @@ qmail-smtpd session (connect -> 220 greeting -> QUIT -> 221) through the
 listener (a fork), and, for comparison, of starting the qmail-smtpd program as
 a new process per connection (what tcpserver or systemd Accept=yes do).
 
+With --tls the home gets a self-signed control/servercert.pem (made by the openssl
+program) and the same listener is measured twice in one run: N messages in clear, then N
+more with STARTTLS on every connection; it also prints the cost of one STARTTLS
+(the command, 220 and the TLS handshake, client and server on this machine).
+
 Usage: .venv/bin/python bench/smtp_reception.py [-c CLIENTS] [-n MESSAGES]
-                                               [-m MESSAGES_PER_CONNECTION] [-s BODY_BYTES]
+                                               [-m MESSAGES_PER_CONNECTION] [-s BODY_BYTES] [--tls]
 """
 import argparse
 import multiprocessing
@@ -20,6 +25,7 @@ import pwd
 import re
 import shutil
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -60,12 +66,41 @@ class Conn:
         return last
 
 
-def client(port, count, per_conn, body, results):
+def make_cert(home):
+    """A self-signed certificate for 127.0.0.1 as control/servercert.pem; its path."""
+    pem = os.path.join(home, "control", "servercert.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", pem + ".key", "-out", pem + ".crt", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(pem, "wb") as out:
+        for part in (".crt", ".key"):
+            with open(pem + part, "rb") as f:
+                out.write(f.read())
+    os.chmod(pem, 0o644)            # read by qmaild when the bench runs as root
+    return pem + ".crt"
+
+
+def client_context(cafile):
+    return ssl.create_default_context(cafile=cafile) if cafile else None
+
+
+def starttls(c, context):
+    """EHLO, STARTTLS and the handshake on a greeted connection."""
+    c.sock.sendall(b"EHLO bench.client\r\nSTARTTLS\r\n")
+    c.replies(2)
+    c.sock = context.wrap_socket(c.sock, server_hostname="127.0.0.1")
+
+
+def client(port, count, per_conn, body, results, cafile=None):
+    context = client_context(cafile)
     sent = 0
     failures = 0
     while sent < count:
         c = Conn(port)
         c.replies(1)
+        if context is not None:
+            starttls(c, context)
         c.sock.sendall(b"HELO bench.client\r\n")
         c.replies(1)
         for _ in range(min(per_conn, count - sent)):
@@ -98,6 +133,43 @@ def startup_cost(port, rounds):
     return statistics.median(times)
 
 
+def handshake_cost(port, rounds, cafile):
+    """Median seconds of STARTTLS -> 220 -> TLS handshake done, on connections already greeted."""
+    context = client_context(cafile)
+    times = []
+    for _ in range(rounds):
+        c = Conn(port)
+        c.replies(1)
+        c.sock.sendall(b"EHLO bench.client\r\n")
+        c.replies(1)
+        t0 = time.perf_counter()
+        c.sock.sendall(b"STARTTLS\r\n")
+        c.replies(1)
+        c.sock = context.wrap_socket(c.sock, server_hostname="127.0.0.1")
+        times.append(time.perf_counter() - t0)
+        c.sock.sendall(b"QUIT\r\n")
+        c.replies(1)
+        c.sock.close()
+    return statistics.median(times)
+
+
+def run_clients(port, args, body, cafile=None):
+    """(messages sent, failures, seconds) for args.messages over args.clients connections at once."""
+    share = [args.messages // args.clients + (i < args.messages % args.clients)
+             for i in range(args.clients)]
+    results = multiprocessing.Queue()
+    procs = [multiprocessing.Process(target=client, args=(port, k, args.per_connection, body,
+                                                          results, cafile)) for k in share]
+    t0 = time.perf_counter()
+    for p in procs:
+        p.start()
+    totals = [results.get() for _ in procs]
+    for p in procs:
+        p.join()
+    elapsed = time.perf_counter() - t0
+    return sum(t[0] for t in totals), sum(t[1] for t in totals), elapsed
+
+
 def exec_startup_cost(home, rounds):
     env = dict(os.environ, QMAILHOME=home, PROTO="TCP", TCPREMOTEIP="127.0.0.1",
                TCPLOCALIP="127.0.0.1")
@@ -124,8 +196,11 @@ def main():
     ap.add_argument("-n", "--messages", type=int, default=2000)
     ap.add_argument("-m", "--per-connection", type=int, default=1)
     ap.add_argument("-s", "--size", type=int, default=2000, help="body bytes per message")
+    ap.add_argument("--tls", action="store_true",
+                    help="measure again with STARTTLS on every connection, in the same run")
     args = ap.parse_args()
     base, home = make_home()
+    cafile = make_cert(home) if args.tls else None
     body = (b"From: sender@bench.client\r\nTo: rcpt@bench.example\r\nSubject: bench\r\n\r\n"
             + (b"x" * 78 + b"\r\n") * max(1, args.size // 80) + b".\r\n")
     listener = subprocess.Popen([os.path.join(BIN, "qmail-smtpd-listen"), "-c", "100", "-s", "100",
@@ -134,20 +209,11 @@ def main():
     try:
         line = listener.stderr.readline()
         port = int(re.search(rb":(\d+)\n", line).group(1))
-        share = [args.messages // args.clients + (i < args.messages % args.clients)
-                 for i in range(args.clients)]
-        results = multiprocessing.Queue()
-        procs = [multiprocessing.Process(target=client, args=(port, k, args.per_connection, body,
-                                                              results)) for k in share]
-        t0 = time.perf_counter()
-        for p in procs:
-            p.start()
-        totals = [results.get() for _ in procs]
-        for p in procs:
-            p.join()
-        elapsed = time.perf_counter() - t0
-        sent = sum(t[0] for t in totals)
-        failures = sum(t[1] for t in totals)
+        sent, failures, elapsed = run_clients(port, args, body)
+        if args.tls:
+            tls_sent, tls_failures, tls_elapsed = run_clients(port, args, body, cafile)
+            failures += tls_failures
+            tls_cost = handshake_cost(port, 100, cafile)
         queued = len(os.listdir(os.path.join(home, "queue", "todo")))
         fork_cost = startup_cost(port, 200)
         exec_cost = exec_startup_cost(home, 20)
@@ -160,10 +226,15 @@ def main():
           % (args.clients, args.messages, args.per_connection, len(body)))
     print("  queued %d (in todo/), failures %d, %.2f s" % (queued, failures, elapsed))
     print("  %.0f messages/s" % (sent / elapsed))
+    if args.tls:
+        print("  with STARTTLS on every connection: %.0f messages/s (%.2f s)"
+              % (tls_sent / tls_elapsed, tls_elapsed))
+        print("  one STARTTLS (command, 220, handshake): %.2f ms median" % (tls_cost * 1000))
     print("  session start via listener fork: %.2f ms median (connect -> 220)" % (fork_cost * 1000))
     print("  session start via exec of qmail-smtpd: %.2f ms median (for comparison)"
           % (exec_cost * 1000))
-    return 0 if failures == 0 and queued == args.messages else 1
+    expected = args.messages * (2 if args.tls else 1)
+    return 0 if failures == 0 and queued == expected else 1
 
 
 if __name__ == "__main__":

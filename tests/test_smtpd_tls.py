@@ -6,7 +6,6 @@ import re
 import shutil
 import smtplib
 import socket
-import ssl
 import subprocess
 import sys
 import time
@@ -301,3 +300,34 @@ def test_smtputf8_to_a_utf8_local_part_lands_in_the_maildir(qmail_home, users, d
     assert lines[1] == "Delivered-To: me-jörg@test.example".encode()
     assert lines[4].startswith(b"  by test.example with UTF8SMTP; ")
     assert got.endswith("Subject: grüße\n\nbody ü\n".encode())
+
+
+# --- qmailctl start --submission ------------------------------------------------------------
+
+def test_qmailctl_start_submission(tls_home, certs):
+    from test_send_qmailctl import ctl, free_port
+    smtp, submission = free_port(), free_port()
+    done = ctl(tls_home, "start", "--smtp", "127.0.0.1:%d" % smtp,
+               "--submission", "127.0.0.1:%d" % submission)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert b"qmail-smtpd-listen started on 127.0.0.1:%d" % submission in done.stdout
+        stat = ctl(tls_home, "stat").stdout.decode()
+        assert len(re.findall(r"^qmail-smtpd-listen\s+pid \d+", stat, re.M)) == 2, stat
+        with smtplib.SMTP("127.0.0.1", smtp, timeout=TIMEOUT) as client:
+            client.starttls(context=certs.client_context())
+            assert not any(line.startswith(b"AUTH") for line in client.ehlo()[1].split(b"\n"))
+            assert client.docmd("MAIL", "FROM:<alice@test.example>") == (250, b"ok")
+        with smtplib.SMTP("127.0.0.1", submission, timeout=TIMEOUT) as client:
+            assert client.docmd("MAIL", "FROM:<alice@test.example>")[0] == 530
+            client.starttls(context=certs.client_context())
+            client.login("alice", "s3cret")
+            assert client.docmd("MAIL", "FROM:<alice@test.example>") == (250, b"ok")
+            assert client.docmd("RCPT", "TO:<bob@far.example>") == (250, b"ok")
+            client.rset()
+    finally:
+        stop = ctl(tls_home, "stop")
+    assert stop.returncode == 0, stop.stderr
+    assert not os.path.exists(os.path.join(tls_home.path, "log", "qmail-submission.pid"))
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", submission), timeout=TIMEOUT).close()

@@ -1,7 +1,8 @@
 """qmail-smtpd-listen [-c limit] [-s perclient] [-l localname] HOST:PORT: a forking listener
 for qmail-smtpd.
 
-Per-client rules (tcprules' source format) come from control/smtpclients.
+Per-client rules (tcprules' source format) come from control/smtpclients. Run with
+SMTPAUTH=! in its environment it is a submission port (STARTTLS, then AUTH before MAIL).
 """
 import os
 import sys
@@ -58,6 +59,12 @@ def main(argv=None):
     from qmailpy import privs
     privileges.preload()
     home = qmail_home()
+    from qmailpy.smtpd.tls import cert_path
+    if os.path.exists(cert_path(home)):
+        # ... and what STARTTLS and AUTH need, when a certificate makes them possible
+        import importlib
+        for name in ("ssl", "qmailpy.smtpd.tls", "qmailpy.smtpd.auth"):
+            importlib.import_module(name)
     # ... and the accounts every session and queueing child switches to.
     from qmailpy.queue import qmailqueue
     qmailqueue.prepare(home)

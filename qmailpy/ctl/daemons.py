@@ -7,10 +7,13 @@ start   runs `qmail-start DEFAULTDELIVERY` in the background. qmail-send's log
         control/logsize and control/logcount). The pid of qmail-send (qmail-start execs into
         it) goes to HOME/log/qmail-send.pid. With --smtp HOST:PORT it also
         runs `qmail-smtpd-listen HOST:PORT`, logging to HOME/log/qmail-smtpd.log.
+        With --submission HOST:PORT it runs a second qmail-smtpd-listen there
+        with SMTPAUTH=! (STARTTLS, then AUTH before MAIL; log
+        HOME/log/qmail-submission.log, pid HOME/log/qmail-submission.pid).
         First of all it starts the queue server qmail-qmqpd (log
         HOME/log/qmail-qmqpd.log, pid HOME/log/qmail-qmqpd.pid), through which
         every submitter without queue rights queues.
-stop    SIGTERM to qmail-send (and the SMTP listener), then waits until they
+stop    SIGTERM to qmail-send (and the SMTP listeners), then waits until they
         and qmail-send's helpers are gone; then stops qmail-qmqpd.
 stat    the daemons (psutil) and the queue counts.
 doqueue SIGALRM: every queued message is retried now.
@@ -30,6 +33,8 @@ SEND_PID = "qmail-send.pid"
 SMTPD_PID = "qmail-smtpd.pid"
 QMQPD_LOG = "qmail-qmqpd.log"
 QMQPD_PID = "qmail-qmqpd.pid"
+SUBMISSION_LOG = "qmail-submission.log"
+SUBMISSION_PID = "qmail-submission.pid"
 START_TIMEOUT = 15
 STOP_TIMEOUT = 60
 
@@ -38,6 +43,9 @@ def add_arguments(parser, name):
     if name == "start":
         parser.add_argument("--smtp", metavar="HOST:PORT",
                             help="also accept SMTP on HOST:PORT (qmail-smtpd-listen)")
+        parser.add_argument("--submission", metavar="HOST:PORT",
+                            help="also accept mail submission on HOST:PORT (qmail-smtpd-listen"
+                                 " with SMTPAUTH=!: STARTTLS and AUTH before MAIL)")
         parser.add_argument("--defaultdelivery", default="./Maildir/",
                             help="qmail-start's default delivery (default ./Maildir/)")
     elif name == "stop":
@@ -104,6 +112,14 @@ def running_send(home):
 
 def running_smtpd(home):
     return _process(_read_pid(home, SMTPD_PID), "qmail-smtpd-listen")
+
+
+def running_submission(home):
+    return _process(_read_pid(home, SUBMISSION_PID), "qmail-smtpd-listen")
+
+
+def running_listeners(home):
+    return [p for p in (running_smtpd(home), running_submission(home)) if p is not None]
 
 
 def running_qmqpd(home):
@@ -256,33 +272,47 @@ def start(args):
         _stop_started(home)
         return 1
     print("qmail-send started (pid %d), log %s" % (proc.pid, logpath))
-    if args.smtp:
-        smtplog = os.path.join(logdir, SMTPD_LOG)
-        offset = os.path.getsize(smtplog) if os.path.exists(smtplog) else 0
-        sproc = _spawn_recorded(["qmail-smtpd-listen", args.smtp], env, smtplog, SMTPD_PID)
-        if sproc is None:
-            _stop_started(home)
+    if args.smtp and not _start_listener(home, logdir, env, args.smtp, SMTPD_LOG, SMTPD_PID):
+        return 1
+    if args.submission:
+        for name in ("servercert.pem", "checkpassword"):
+            if not os.path.exists(os.path.join(home, "control", name)):
+                print("qmailctl: warning: no control/%s: the submission port cannot offer AUTH,"
+                      " so it takes no mail" % name, file=sys.stderr)
+        if not _start_listener(home, logdir, dict(env, SMTPAUTH="!"), args.submission,
+                               SUBMISSION_LOG, SUBMISSION_PID):
             return 1
-        if not _wait_for_line(smtplog, offset, b"listening on", sproc, START_TIMEOUT):
-            print("qmailctl: qmail-smtpd-listen %s did not start:\n%s" % (args.smtp, _tail(smtplog, offset)),
-                  file=sys.stderr)
-            _stop_started(home)
-            return 1
-        print("qmail-smtpd-listen started on %s (pid %d), log %s" % (args.smtp, sproc.pid, smtplog))
     return 0
+
+
+def _start_listener(home, logdir, env, address, logname, pidname):
+    """qmail-smtpd-listen on address; False (what it said on stderr, everything stopped) if it fails."""
+    logpath = os.path.join(logdir, logname)
+    offset = os.path.getsize(logpath) if os.path.exists(logpath) else 0
+    proc = _spawn_recorded(["qmail-smtpd-listen", address], env, logpath, pidname)
+    if proc is None:
+        _stop_started(home)
+        return False
+    if not _wait_for_line(logpath, offset, b"listening on", proc, START_TIMEOUT):
+        print("qmailctl: qmail-smtpd-listen %s did not start:\n%s" % (address, _tail(logpath, offset)),
+              file=sys.stderr)
+        _stop_started(home)
+        return False
+    print("qmail-smtpd-listen started on %s (pid %d), log %s" % (address, proc.pid, logpath))
+    return True
 
 
 def _stop_started(home):
     """A start that failed half way leaves nothing running: stop what it started."""
     import psutil
     # qmail-qmqpd last, as stop does: qmail-send's bounces go through it
-    for started in ((running_smtpd(home), running_send(home)), (running_qmqpd(home),)):
+    for started in ((*running_listeners(home), running_send(home)), (running_qmqpd(home),)):
         for proc in _terminate([p for p in started if p is not None], START_TIMEOUT):
             try:
                 proc.kill()
             except psutil.NoSuchProcess:
                 pass
-    for name in (SMTPD_PID, SEND_PID, QMQPD_PID):
+    for name in (SMTPD_PID, SUBMISSION_PID, SEND_PID, QMQPD_PID):
         try:
             os.unlink(os.path.join(home, "log", name))
         except OSError:
@@ -303,15 +333,13 @@ def _terminate(procs, timeout):
 def stop(args):
     home = _home(args)
     send = running_send(home)
-    smtpd = running_smtpd(home)
+    listeners = running_listeners(home)
     qmqpd = running_qmqpd(home)
-    if send is None and smtpd is None and qmqpd is None:
+    if send is None and not listeners and qmqpd is None:
         print("qmailctl: nothing is running in %s" % home)
         return 0
     import psutil
-    procs = []
-    if smtpd is not None:
-        procs.append(smtpd)
+    procs = list(listeners)
     helpers = []
     if send is not None:
         try:
@@ -328,7 +356,7 @@ def stop(args):
         print("qmailctl: still running after %g s: %s" % (
             args.timeout, " ".join(str(p.pid) for p in alive)), file=sys.stderr)
         return 1
-    for name in (SEND_PID, SMTPD_PID, QMQPD_PID):
+    for name in (SEND_PID, SMTPD_PID, SUBMISSION_PID, QMQPD_PID):
         try:
             os.unlink(os.path.join(home, "log", name))
         except OSError:
@@ -363,9 +391,8 @@ def stat(args):
         print(_describe(send))
         for child in send.children():
             print("  " + _describe(child))
-    smtpd = running_smtpd(home)
-    if smtpd is not None:
-        print(_describe(smtpd))
+    for listener in running_listeners(home):
+        print(_describe(listener))
     qmqpd = running_qmqpd(home)
     print(_describe(qmqpd) if qmqpd is not None else "qmail-qmqpd: not running")
     from qmailpy.backends import open_backend
