@@ -129,8 +129,11 @@ def test_opportunistic_without_starttls_goes_in_clear(qmail_home):
     assert peer.transactions[0].tls is None
 
 
-@pytest.mark.parametrize("after", [("close",), ("read", 10)])
+@pytest.mark.parametrize("after", [("close",), ("read", 10), ("hang",)])
 def test_peer_drops_mid_handshake(qmail_home, after):
+    """Cut before or in the middle of the handshake, or a handshake that never ends
+    (timeoutremote bounds it)."""
+    qmail_home.control("timeoutremote", "1\n")
     script = [("send", b"220 p ESMTP\r\n"), ("line",), ("send", b"250-p\r\n250 STARTTLS\r\n"),
               ("line",), ("send", b"220 go ahead\r\n"), after, ("close",)]
     with ScriptedPeer(script) as peer:
@@ -141,6 +144,32 @@ def test_peer_drops_mid_handshake(qmail_home, after):
     assert record.startswith(b"ZConnected to 127.0.0.1 but the TLS handshake failed: ")
     assert peer.received[0].startswith(b"EHLO test.example\r\nSTARTTLS\r\n")
     assert b"MAIL" not in peer.received[0]
+
+
+def test_tls_failure_tries_the_next_address(qmail_home, certs):
+    """The relay's first address (::1, first by RFC 6724; DNS shuffles records of one type) has
+    a certificate no CA vouches for, under a required policy; the second (127.0.0.1) has a good
+    one and gets the message, encrypted."""
+    from test_remote_ipv6 import _has_ipv6_loopback
+    if not _has_ipv6_loopback():
+        pytest.skip("no ::1 on this machine")
+    from test_remote_dns import DNSServer
+    from qmailpy.remote import deliver
+    trust(qmail_home, certs, "x.test:control/testca.pem\n")
+    dns_server = DNSServer({"relay.x.test.": {"A": ["127.0.0.1"], "AAAA": ["::1"]}}, set())
+    with Smtpd(host="::1", tls_context=certs.server_context("self")) as bad, \
+            Smtpd(port=bad.port, tls_context=certs.server_context("good")) as good:
+        qmail_home.control("smtproutes", "x.test:relay.x.test:%d\n" % bad.port)
+        cwd = os.getcwd()
+        try:
+            records = deliver.deliver([b"x.test", b"a@b.example", b"joe@x.test"], qmail_home.path,
+                                      messfd=os.open(os.devnull, os.O_RDONLY), lookup=dns_server.lookup())
+        finally:
+            os.chdir(cwd)
+            dns_server.close()
+    assert records[-1].startswith(b"K127.0.0.1 accepted message.\nTLS: TLSv1."), records
+    assert bad.transactions == []
+    assert len(good.transactions) == 1 and good.transactions[0].tls is not None
 
 
 def test_starttls_refused_is_temporary(qmail_home):
@@ -199,3 +228,35 @@ def test_ascii_envelope_does_not_ask_for_smtputf8(qmail_home):
         route(qmail_home, "x.test", peer.port)
         qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
     assert not peer.transactions[0].smtp_utf8
+
+
+def test_tls_in_qmail_send_log(qmail_home, certs):
+    """The TLS line reaches qmail-send's delivery log line, through qmail-rspawn."""
+    from send_harness import Daemons
+    with Smtpd(tls_context=certs.server_context("good")) as peer:
+        trust(qmail_home, certs, "x.test:control/testca.pem\n")
+        route(qmail_home, "x.test", peer.port)
+        daemons = Daemons(qmail_home)
+        try:
+            daemons.start()
+            daemons.wait_line(r"^status: ")
+            done = qmail_home.queue_message(b"Subject: t\n\nhi\n", b"a@b.example", [b"joe@x.test"])
+            assert done.returncode == 0, done.stderr
+            lines = daemons.wait_line(r"^delivery 1: ")
+        finally:
+            daemons.kill()
+    [line] = [l for l in lines if l.startswith("delivery 1: ")]
+    version, cipher = peer.transactions[0].tls
+    assert line == ("delivery 1: success: 127.0.0.1_accepted_message./TLS:_%s_%s/"
+                    "Remote_host_said:_250_2.0.0_Ok:_queued/" % (version, cipher))
+
+
+def test_certificate_name_rules():
+    from qmailpy.remote.tls import names_match
+    cert = {"subjectAltName": (("DNS", "mx.x.test"), ("DNS", "*.y.test"), ("IP Address", "127.0.0.1")),
+            "subject": ((("commonName", "cn.test"),),)}
+    assert names_match(cert, [b"MX.X.test"]) and names_match(cert, [b"a.y.test"])
+    assert not names_match(cert, [b"y.test"]) and not names_match(cert, [b"a.b.y.test"])
+    assert not names_match(cert, [b"cn.test"])             # a subjectAltName hides the commonName
+    assert names_match({"subject": ((("commonName", "cn.test"),),)}, [b"other.test", b"cn.test"])
+    assert not names_match(cert, [b"127.0.0.1"])

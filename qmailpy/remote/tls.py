@@ -88,7 +88,7 @@ def names_match(cert, wanted):
     """True if the certificate names one of wanted (bytes)."""
     for name in wanted:
         try:
-            text = name.decode("ascii").rstrip(".")
+            text = name.decode("ascii").rstrip(".").lower()
         except UnicodeDecodeError:
             continue
         if any(_name_matches(pattern, text) for pattern in cert_names(cert)):
