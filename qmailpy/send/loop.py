@@ -619,12 +619,30 @@ class QmailSend:
     def preprocessed(self, n, p):
         """Schedule a preprocessed message's channels (or its completion).
 
-        Its `new msg` and `info msg` lines were logged while it was preprocessed."""
+        Its `new msg` and `info msg` lines were logged while it was preprocessed. A
+        message held until a not-before time goes back to the backend, due then."""
         now = int(time.time())
+        not_before = self.not_before(n, now) if p.channels else None
         for name in p.channels:
-            self.by_name[name].schedule(now, n)
+            if not_before is None:
+                self.by_name[name].schedule(now, n)
+                continue
+            try:
+                self.backend.reschedule(n, name, not_before)
+            except QueueError as e:
+                self.warn(str(e))
+                self.by_name[name].schedule(not_before, n)
         if not p.channels:
             heapq.heappush(self.pqdone, (now, n))
+
+    def not_before(self, n, now):
+        """Message n's not-before time if it is still ahead: its mess file's mtime
+        (docs/queue-format.md "Not-before time"); None otherwise."""
+        try:
+            mtime = int(os.stat(os.path.join("mess", self.backend.message_path(n))).st_mtime)
+        except OSError:
+            return None
+        return mtime if mtime > now else None
 
     # -- 36-hour cleanup ------------------------------------------------------------
     def cleanup_do(self):
