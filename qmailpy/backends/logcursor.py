@@ -86,6 +86,18 @@ class Cursor:
                             buf[rel:rel + length])
             self.off += length
 
+    def decode_here(self):
+        """The decoded record at the cursor, or None; unlike peek(), never moves past a
+        record that does not decode (callers go on with skip())."""
+        found = self._locate()
+        if found is None:
+            return None
+        buf, rel, _ = found
+        rec = R.decode_one(buf, rel)
+        if rec is not None:
+            rec.pos = (self.seg, self.off)
+        return rec
+
     def peek_schedule(self):
         """(type, flags, time, n, dues, length) of the record at the cursor, or None."""
         found = self._locate()

@@ -100,7 +100,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
             type, flags, _, n, _, length = head
             pos = cur.pos
             if self.state_counts is not None and logcounts.counted(type):
-                rec = cur.peek()
+                rec = cur.decode_here()
                 if rec is not None:
                     self.state_counts.delta(rec, self._read_at)
             if type == R.ENVELOPE and n in self.replayed_clean:

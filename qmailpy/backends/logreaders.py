@@ -122,11 +122,11 @@ class LogReaders:
                 break
             type, flags, _, n, _, length = head
             if n in touched:
-                rec = cur.peek()
+                rec = cur.decode_here()
                 if rec is not None:
                     _fold(folded, rec)
             elif flags != R.GARBAGE and (type == R.ENVELOPE or type in R.SNAPSHOTS):
-                rec = cur.peek()
+                rec = cur.decode_here()
                 if rec is not None:
                     yield rec, set(), rec.notes if type in R.SNAPSHOTS else b""
             cur.skip(length)
@@ -149,7 +149,7 @@ class LogReaders:
             if head is None:
                 break
             if logcounts.counted(head[0]):
-                rec = cur.peek()
+                rec = cur.decode_here()
                 if rec is not None:
                     counts.delta(rec, self._read_at)
             cur.skip(head[5])

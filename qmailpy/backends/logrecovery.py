@@ -105,7 +105,7 @@ class LogRecovery:
             if head is None:
                 break
             if logcounts.counted(head[0]):
-                rec = cur.peek()
+                rec = cur.decode_here()
                 if rec is not None:
                     counts.delta(rec, self._read_at)
             cur.skip(head[5])
