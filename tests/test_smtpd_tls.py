@@ -8,6 +8,7 @@ import smtplib
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -16,7 +17,7 @@ from test_smtpd_delivery import wait_maildir
 from test_smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess, queued
 from tls_certs import make_certs
 
-RECEIVED_TLS = re.compile(rb"  by test\.example with \(TLSv1\.[23]:[A-Z0-9_-]+ encrypted\) SMTP; ")
+RECEIVED_TLS = re.compile(rb"  by \S+ with \(TLSv1\.[23]:[A-Z0-9_-]+ encrypted\) SMTP; ")
 
 CHECKPASSWORD = """#!%s -S
 import os, sys, time
@@ -227,6 +228,32 @@ def test_submission_smtplib_login_grants_relaying(tls_home, certs):
         assert listener.stop() == 0
     [msg] = queued(tls_home)
     assert msg.recipients == [b"bob@far.example"]
+
+
+def test_smtplib_login_against_qmail_smtpd_started_per_connection(tls_home, certs):
+    """As tcpserver or systemd's Accept=yes run it: the program on an accepted TCP socket."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        procs = []
+
+        def accept():
+            conn, _ = server.accept()
+            with conn:
+                env = dict(tls_home.env, SMTPAUTH="!")
+                env.pop("PROTO", None)          # derived from the socket (tcpenv.py)
+                procs.append(subprocess.Popen(["qmail-smtpd"], stdin=conn, stdout=conn, env=env))
+
+        thread = threading.Thread(target=accept)
+        thread.start()
+        with smtplib.SMTP("127.0.0.1", server.getsockname()[1], timeout=TIMEOUT) as client:
+            thread.join()
+            client.starttls(context=certs.client_context())
+            assert client.login("alice", "s3cret")[0] == 235
+            assert client.sendmail("alice@test.example", ["bob@far.example"],
+                                   b"Subject: per connection\r\n\r\nout\r\n") == {}
+        assert procs[0].wait(timeout=TIMEOUT) == 0
+    [msg] = queued(tls_home)
+    assert msg.recipients == [b"bob@far.example"]
+    assert RECEIVED_TLS.match(msg.mess.split(b"\n")[2])
 
 
 def test_qmail_smtpd_auth_login_plain_and_failures(tls_home, certs):
