@@ -18,6 +18,17 @@ from qmailpy.fileio import fsync_dir, write_all
 from qmailpy.layout import SPLIT
 
 CHUNK = 65536                     # qmail-queue's buffer: bytes per read, and per write of the body
+NOT_BEFORE = "QMAILNOTBEFORE"     # qmail-queue's variable for it (docs/queue-format.md "Not-before time")
+
+
+def not_before_of(environ):
+    """$QMAILNOTBEFORE as epoch seconds, None when unset; ValueError unless decimal digits."""
+    value = environ.get(NOT_BEFORE)
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit()) or len(value) > 12:
+        raise ValueError(value)
+    return int(value)
 
 
 class Failure(Exception):
@@ -60,9 +71,11 @@ def create_mess(queue_dir, pid, start):
     return fd, n, messdir, messfn
 
 
-def fill_mess(fd, messdir, first, read):
+def fill_mess(fd, messdir, first, read, not_before=None):
     """S1 -> S2, second half: first, then read() until b"", into fd; fsync it and messdir.
 
+    not_before (epoch seconds), when given, becomes the file's mtime, synced with it: the
+    message's not-before time (docs/queue-format.md "Not-before time").
     Failure(54) when read fails, Failure(53) when writing or syncing does; the
     caller removes the file then."""
     buf = first
@@ -82,6 +95,8 @@ def fill_mess(fd, messdir, first, read):
         if not chunk:
             break
     try:
+        if not_before is not None:
+            os.utime(fd, (not_before, not_before))
         os.fsync(fd)
         fsync_dir(messdir)            # mess/S/n must be on disk before todo/n (or ENVELOPE) can be
     except OSError:

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from lspawn_harness import LocalUsers
+from queue_view import schedule
 from remote_harness import Smtpd
 from send_harness import Daemons
 from test_delivery_local import wait_maildir
@@ -141,3 +142,38 @@ def test_delayed_domain_waits_and_survives_a_restart(qmail_home, smtpd, daemons)
     assert len(local) == 1 and local[0] > lines.index("status: exiting")   # held across the restart
     assert not [l for l in lines if re.match(r"^delivery \d+: (deferral|failure)", l)]
     assert "warning: control/delaydomains: ignoring line 'fast.example:x': want domain:seconds" in lines
+
+
+@pytest.mark.both_backends
+def test_sendmail_deliver_after_holds_the_message_until_then(qmail_home, daemons):
+    """sendmail -O DeliverAfter=+3: qmail-queue makes the time the mess file's mtime; at
+    preprocessing qmail-send hands the channel back to the backend due then (on the
+    directory backend the channel file's mtime, where qmail itself looks)."""
+    maildir = os.path.join(LocalUsers(qmail_home).add("bench"), "Maildir")
+    daemons.start()
+    daemons.wait_started()
+    done = qmail_home.run(["sendmail", "-O", "DeliverAfter=+3", "bench@test.example"],
+                          input=b"Subject: later\n\nbody\n")
+    assert done.returncode == 0, done.stderr
+    queued = time.monotonic()
+    lines = daemons.wait_line(r"^info msg ")
+    n = int([l for l in lines if l.startswith("new msg ")][0].split()[2])
+    mess = os.path.join(qmail_home.queue, "mess", str(n % 23), str(n))
+    not_before = int(os.stat(mess).st_mtime)
+    assert not_before > time.time() + 1
+    assert schedule(qmail_home, n)[1] == {"local": not_before}
+    wait_maildir(maildir, 1)
+    assert time.time() >= not_before and time.monotonic() - queued > 1.5
+    lines = daemons.wait_line(r"^end msg %d$" % n)
+    assert len([l for l in lines if l.startswith("starting delivery ")]) == 1
+    assert not [l for l in lines if re.match(r"^delivery \d+: (deferral|failure)", l)]
+
+
+def test_bad_not_before_refused_before_anything_is_queued(qmail_home):
+    done = qmail_home.run(["sendmail", "-O", "DeliverAfter=soon", "bench@test.example"], input=b"\n")
+    assert done.returncode == 64
+    assert b"bad -O DeliverAfter=soon: want +SECONDS or YYYY-MM-DDTHH:MM:SSZ" in done.stderr
+    done = qmail_home.queue_message(MSG, b"joe@test.example", [b"bench@test.example"],
+                                    env=dict(qmail_home.env, QMAILNOTBEFORE="+5"))
+    assert done.returncode == 55
+    assert os.listdir(os.path.join(qmail_home.queue, "todo")) == []

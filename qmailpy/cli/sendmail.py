@@ -47,6 +47,9 @@ def main(argv=None):
     if req.mode == "smtp":
         from qmailpy.smtpd.session import serve
         return serve(home, wrapper.smtp_environment(os.environ))
+    if req.not_before is not None:      # read by qmail-queue (docs/queue-format.md "Not-before time")
+        from qmailpy.mess import NOT_BEFORE
+        os.environ[NOT_BEFORE] = "%d" % req.not_before
     from qmailpy.inject.run import ClosedInput, Options, inject
     options = Options(strategy=req.strategy, args=req.recipients, sender=req.sender)
     code = inject(home, options, wrapper.inject_environment(os.environ, req),

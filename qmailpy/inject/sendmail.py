@@ -11,10 +11,11 @@ from qmailpy.inject.compose import ARGS, BOTH
 from qmailpy.inject.sgetopt import GetoptError, sgetopt
 
 EX_OK, EX_USAGE, EX_DATAERR, EX_UNAVAILABLE, EX_TEMPFAIL = 0, 64, 65, 69, 75
-USAGE = "sendmail: usage: sendmail [ -t ] [ -f sender ] [ -F name ] [ -bp ] [ -bs ] [ arg ... ]\n"
+USAGE = ("sendmail: usage: sendmail [ -t ] [ -f sender ] [ -F name ] [ -O DeliverAfter=time ] [ -bp ] [ -bs ]"
+         " [ arg ... ]\n")
 
-# Letters taking an argument; all but f, r, F and b are accepted and ignored.
-_OPTSTRING = "vimtxUe:f:r:p:o:B:F:b:N:R:"
+# Letters taking an argument; all but f, r, F, b and O DeliverAfter are accepted and ignored.
+_OPTSTRING = "vimtxUe:f:r:p:o:O:B:F:b:N:R:"
 _OPTIONAL = "EJ"          # optional attached argument (-J, -Jfoo)
 
 
@@ -31,6 +32,7 @@ class Request:
         self.sender = None
         self.name = None
         self.recipients = []
+        self.not_before = None          # -O DeliverAfter=, epoch seconds
 
 
 class UsageError(Exception):
@@ -57,8 +59,26 @@ def parse(argv):
                 req.mode = "smtp"
             elif not value.startswith("m"):
                 raise UsageError("unsupported mode -b%s" % value)
+        elif letter == "O":
+            name, _, when = value.partition("=")
+            if name.lower() == "deliverafter":
+                req.not_before = deliver_after(when)
     req.recipients = args
     return req
+
+
+def deliver_after(text, now=None):
+    """-O DeliverAfter=: `+SECONDS` from now (RFC 4865's HOLDFOR) or a UTC time
+    `YYYY-MM-DDTHH:MM:SSZ` (its HOLDUNTIL); epoch seconds, UsageError otherwise."""
+    import time
+    now = time.time() if now is None else now
+    if text[:1] == "+" and text[1:].isascii() and text[1:].isdigit() and len(text) <= 11:
+        return int(now) + int(text[1:])
+    import calendar
+    try:
+        return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        raise UsageError("bad -O DeliverAfter=%s: want +SECONDS or YYYY-MM-DDTHH:MM:SSZ" % text) from None
 
 
 def inject_environment(environ, req):

@@ -157,6 +157,11 @@ class ServerSubmission:
     def finish(self, sender, recipients):
         if self._result is not None:
             return self._result
+        from qmailpy.mess import NOT_BEFORE
+        if NOT_BEFORE in os.environ:        # QMQP has no place for it: refuse, never drop it
+            self._result = Result(55, None, b"Z$%s needs queue rights; qmail-qmqpd cannot carry it"
+                                  b" (#4.3.0)" % NOT_BEFORE.encode())
+            return self._result
         from qmailpy.queue import qmqp
         request = qmqp.request(bytes(self._buf), sender, recipients)
         self._buf = bytearray()

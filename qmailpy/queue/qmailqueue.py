@@ -40,7 +40,7 @@ from qmailpy.fileio import write_all
 from qmailpy.fileio import fsync_dir as _sync_dir   # see there: exit 0 must survive a power cut
 # S1 -> S2 (pid/ file, mess/S/n, Received line + body, fsyncs) is shared with the log
 # backend's enqueue; its Failure is this program's exit, whichever step raises it.
-from qmailpy.mess import CHUNK as _CHUNK, Failure as _Exit, create_mess, fill_mess
+from qmailpy.mess import CHUNK as _CHUNK, Failure as _Exit, create_mess, fill_mess, not_before_of
 
 DEATH = 86400                     # qmail-queue's self-timer (seconds)
 
@@ -113,11 +113,19 @@ def prepare(home):
 
 
 def run(home, msg_fd=0, env_fd=1):
-    """Queue one message; the exit code of qmail-queue (docs/protocols.md "qmail-queue interface")."""
-    return run_from(home, lambda: os.read(msg_fd, _CHUNK), lambda: os.read(env_fd, _CHUNK))
+    """Queue one message; the exit code of qmail-queue (docs/protocols.md "qmail-queue interface").
+
+    $QMAILNOTBEFORE (epoch seconds) holds its delivery until then; a value that is not
+    decimal digits exits 55 before anything is queued."""
+    try:
+        not_before = not_before_of(os.environ)
+    except ValueError:
+        return 55
+    return run_from(home, lambda: os.read(msg_fd, _CHUNK), lambda: os.read(env_fd, _CHUNK),
+                    not_before=not_before)
 
 
-def run_from(home, read_message, read_envelope, uid=None, tidy=False):
+def run_from(home, read_message, read_envelope, uid=None, tidy=False, not_before=None):
     """run() with the message and the envelope from two read functions.
 
     Each returns the next bytes (b"" at the end) or raises OSError. uid is the
@@ -125,8 +133,9 @@ def run_from(home, read_message, read_envelope, uid=None, tidy=False):
     qmail-qmqpd passes the uid the kernel reported for its client. With tidy,
     every failure after the message file was made removes it (qmail-queue
     itself leaves S2/S3 files to the 36-hour cleanups on some failures).
+    not_before (epoch seconds) becomes the mess file's mtime.
     """
-    queue = _Queue(home, read_message, read_envelope, uid)
+    queue = _Queue(home, read_message, read_envelope, uid, not_before)
     try:
         return queue.run()
     except _Exit as e:
@@ -142,9 +151,9 @@ def run_from(home, read_message, read_envelope, uid=None, tidy=False):
 
 
 class _Queue:
-    def __init__(self, home, read_message, read_envelope, uid=None):
+    def __init__(self, home, read_message, read_envelope, uid=None, not_before=None):
         self.home, self.read_message, self.read_envelope = home, read_message, read_envelope
-        self.uid = uid
+        self.uid, self.not_before = uid, not_before
         self.mess_fd = self.intd_fd = None
         self.messfn = self.intdfn = None
         self.queue_fd = None
@@ -208,7 +217,7 @@ class _Queue:
         intdfn, todofn = "intd/%d" % n, "todo/%d" % n
         # The message: Received line, then fd 0 verbatim.
         try:
-            fill_mess(self.mess_fd, messdir, received, self.read_message)
+            fill_mess(self.mess_fd, messdir, received, self.read_message, self.not_before)
         except _Exit:
             self.cleanup()
             raise
