@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from qmailpy.send import metrics
 from lspawn_harness import LocalUsers
 from queue_view import schedule
 from remote_harness import Smtpd
@@ -98,6 +99,10 @@ def test_concurrency_cap_of_one_and_other_domains_not_slowed(qmail_home, smtpd, 
     assert sorted(r for t in smtpd.transactions for r in t.rcpt_tos) == sorted(
         ["a%d@slow.example" % i for i in range(4)] + ["b%d@fast.example" % i for i in range(4)]
         + ["c@slow.example"])
+    assert daemons.stop() == 0                  # qmail-send writes its metrics at exit
+    with open(os.path.join(qmail_home.path, "metrics", "qmail.prom")) as f:
+        held = metrics.parse(f.read())['qmail_throttled_waits_total{channel="remote"}']
+    assert held >= 3                            # a1..a3 at least once each
 
 
 def test_rate_limit_counted_per_interval(qmail_home, smtpd, daemons):
