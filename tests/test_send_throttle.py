@@ -182,3 +182,15 @@ def test_bad_not_before_refused_before_anything_is_queued(qmail_home):
                                     env=dict(qmail_home.env, QMAILNOTBEFORE="+5"))
     assert done.returncode == 55
     assert os.listdir(os.path.join(qmail_home.queue, "todo")) == []
+
+
+def test_rule_lines_match_as_smtproutes(qmail_home):
+    """The domain itself, then '.parent' lines from the longest parent, then the empty domain."""
+    from qmailpy.send.throttlerules import Rules
+    qmail_home.control("concurrencydomains", "a.example:1\n.example:2\n.b.example:3\n:4\n# note\n")
+    qmail_home.control("delaydomains", "A.Example:60\n")
+    rules = Rules.read(qmail_home.path)
+    assert rules.warnings == []
+    assert [rules.lookup(d)[0] for d in ("a.example", "x.a.example", "b.example", "x.b.example",
+                                         "example", "other.test")] == [1, 2, 2, 3, 4, 4]
+    assert rules.lookup("a.example") == (1, None, 60)
