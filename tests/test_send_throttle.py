@@ -194,3 +194,22 @@ def test_rule_lines_match_as_smtproutes(qmail_home):
     assert [rules.lookup(d)[0] for d in ("a.example", "x.a.example", "b.example", "x.b.example",
                                          "example", "other.test")] == [1, 2, 2, 3, 4, 4]
     assert rules.lookup("a.example") == (1, None, 60)
+
+
+def test_gate_forgets_idle_domains(qmail_home):
+    """A rule for every domain (an empty domain line) keeps state only for domains with
+    something in flight, held or in a rate window: qmail-send's memory stays bounded."""
+    from qmailpy.send.throttle import SWEEP_MIN, Gate
+    from qmailpy.send.throttlerules import Rules
+    qmail_home.control("concurrencydomains", ":2\n")
+    gate = Gate(Rules.read(qmail_home.path), lambda line: None)
+    busy = b"u@busy.example"
+    assert gate.admit(busy, 0, 0) is None
+    gate.started(0, busy)
+    for d in range(1, 5 * SWEEP_MIN):
+        address = b"u@d%d.example" % d
+        assert gate.admit(address, 0, 0) is None
+        gate.started(d, address)
+        gate.finished(d)
+    assert len(gate.states) <= 2 * SWEEP_MIN
+    assert gate.states["busy.example"].inflight == 1

@@ -19,6 +19,8 @@ from qmailpy import logline
 from qmailpy.send import metrics
 
 CACHE_MAX = 10000       # domains whose rule lookup is remembered
+SWEEP_MIN = 1024        # domain states kept before idle ones are dropped
+UNLIMITED = 1 << 30
 
 
 class DomainState:
@@ -35,7 +37,7 @@ class DomainState:
 
     def free(self, now):
         """How many deliveries may start at `now` (time.time())."""
-        free = self.cap - self.inflight if self.cap is not None else CACHE_MAX
+        free = self.cap - self.inflight if self.cap is not None else UNLIMITED
         if self.rate is not None:
             messages, seconds = self.rate
             starts = self.starts
@@ -43,6 +45,12 @@ class DomainState:
                 starts.popleft()
             free = min(free, messages - len(starts))
         return free
+
+    def idle(self, now):
+        """Nothing in flight, held or counted in the rate window: forgetting it changes nothing."""
+        if self.inflight or self.held or self.waiters:
+            return False
+        return self.rate is None or self.free(now) >= self.rate[0]
 
     def opens(self):
         """When the rate window next lets one start, if only the rate holds it back."""
@@ -72,6 +80,7 @@ class Gate:
         self.delays = []                # heap of (due, seq, Parked)
         self.waiting = set()            # domains with waiters
         self.seq = itertools.count()
+        self.sweep_at = SWEEP_MIN
         self.set_rules(rules)
 
     def set_rules(self, rules):
@@ -95,6 +104,11 @@ class Gate:
     def _state(self, domain, cap, rate):
         st = self.states.get(domain)
         if st is None:
+            if len(self.states) >= self.sweep_at:       # a rule for every domain must not grow for ever
+                t = time.time()
+                for name in [name for name, other in self.states.items() if other.idle(t)]:
+                    del self.states[name]
+                self.sweep_at = max(SWEEP_MIN, 2 * len(self.states))
             st = self.states[domain] = DomainState(cap, rate)
         return st
 
