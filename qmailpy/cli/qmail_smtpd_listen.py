@@ -59,12 +59,12 @@ def main(argv=None):
     from qmailpy import privs
     privileges.preload()
     home = qmail_home()
-    from qmailpy.smtpd.tls import cert_path
-    if os.path.exists(cert_path(home)):
+    from qmailpy.smtpd import tls
+    if os.path.exists(tls.cert_path(home)):
         # ... and what STARTTLS and AUTH need, when a certificate makes them possible
         import importlib
-        for name in ("ssl", "qmailpy.smtpd.tls", "qmailpy.smtpd.auth"):
-            importlib.import_module(name)
+        importlib.import_module("qmailpy.smtpd.auth")
+        tls.preload()
     # ... and the accounts every session and queueing child switches to.
     from qmailpy.queue import qmailqueue
     qmailqueue.prepare(home)
