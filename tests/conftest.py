@@ -10,6 +10,9 @@ queue_backend: the backend qmail_home writes to control/queuebackend. It is
 backend, ids [dir] and [log]); tests marked `dir_only` inspect the directory
 backend's own files (todo/, intd/, info/, local/, remote/...) and stay on it.
 A module opts in wholesale with `pytestmark = pytest.mark.both_backends`.
+
+QMAILPY_KEEP_HOMES=1 keeps every home (as root the directory is otherwise removed at
+teardown) and prints its path, to read a failed run's queue and logs afterwards.
 """
 import os
 import pwd
@@ -138,7 +141,9 @@ def qmail_home(tmp_path, queue_backend):
     try:
         yield make_home(base, queue_backend)
     finally:
-        if AS_ROOT:
+        if os.environ.get("QMAILPY_KEEP_HOMES"):
+            print("kept home:", base)
+        elif AS_ROOT:
             shutil.rmtree(base, ignore_errors=True)
 
 
