@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 from test_smtpd_delivery import wait_maildir
@@ -298,6 +299,8 @@ def test_a_hanging_checkpassword_is_killed_and_answered_454(tls_home, certs):
         assert s.command(b"AUTH PLAIN AGhhbmcAeA==\r\n") == (     # user "hang"
             b"454 temporary authentication failure (#4.7.0)\r\n")
         assert time.monotonic() - started < 10
+        checkpw = os.path.join(tls_home.path, "checkpw")
+        assert not [p for p in psutil.process_iter(["cmdline"]) if checkpw in (p.info["cmdline"] or [])]
         assert s.command(b"NOOP\r\n") == b"250 ok\r\n"
         # SMTPAUTH without "!": mail is taken without AUTH, but not relayed
         assert s.command(b"MAIL FROM:<a@b.example>\r\n") == b"250 ok\r\n"
