@@ -21,7 +21,7 @@ def relpath(kind, n):
     """Path of message n's file of the given kind, relative to the queue directory."""
     if kind in SPLIT_DIRS:
         return "%s/%d/%d" % (kind, n % SPLIT, n)
-    if kind in ("intd", "todo", "bounce"):
+    if kind in ("intd", "todo", "bounce", "hold"):
         return "%s/%d" % (kind, n)
     raise ValueError("no per-message file in %s/" % kind)
 

@@ -57,6 +57,24 @@ def end_msg(n):
     return b"end msg %d\n" % n
 
 
+# qmailctl queue ACTION carried out on one message (qmailpy/command.py); "bounce"
+# is written by bounce_now(), which gives the reason.
+COMMAND_ACTIONS = ("delete", "hold", "release", "requeue")
+
+
+def command_msg(action, n):
+    """delete msg N (the message is gone: no end msg follows), hold, release, requeue."""
+    if action not in COMMAND_ACTIONS:
+        raise ValueError("unknown command action %r" % action)
+    return b"%s msg %d\n" % (action.encode(), n)
+
+
+def bounce_now(n, reason):
+    """The pending recipients of message n failed now (qmailctl queue bounce); its
+    bounce msg and end msg follow."""
+    return b"bounce now msg %d: %s\n" % (n, safe(_b(reason)))
+
+
 def alert(text):
     return b"alert: " + _b(text) + b"\n"
 
@@ -117,6 +135,11 @@ _PATTERNS = [
     ("bounce msg", re.compile(r"bounce msg (?P<n>\d+) qp (?P<qp>\d+)$")),
     ("triple bounce", re.compile(r"triple bounce: discarding bounce/(?P<n>\d+)$")),
     ("end msg", re.compile(r"end msg (?P<n>\d+)$")),
+    ("delete msg", re.compile(r"delete msg (?P<n>\d+)$")),
+    ("hold msg", re.compile(r"hold msg (?P<n>\d+)$")),
+    ("release msg", re.compile(r"release msg (?P<n>\d+)$")),
+    ("requeue msg", re.compile(r"requeue msg (?P<n>\d+)$")),
+    ("bounce now", re.compile(r"bounce now msg (?P<n>\d+): (?P<text>.*)$")),
     ("alert", re.compile(r"alert: (?P<text>.*)$")),
     ("state restored", re.compile(
         r"warning: msg (?P<n>\d+): state restored from log segment (?P<seg>\d+) offset (?P<off>\d+) "

@@ -7,7 +7,11 @@ checks every transition it observes against TRANSITIONS.
 """
 
 S1, S2, S3, S4, S5 = "S1", "S2", "S3", "S4", "S5"
-STATES = (S1, S2, S3, S4, S5)
+# Held (qmailctl queue hold, docs/qmail-send.md "Commands"): S5 kept from delivery,
+# with hold/n on the directory backend (the held bit of its snapshot on the log
+# backend, whose readers show it as S5 with "held" true).
+HELD = "HELD"
+STATES = (S1, S2, S3, S4, S5, HELD)
 
 DESCRIPTION = {
     S1: "no message",
@@ -15,18 +19,26 @@ DESCRIPTION = {
     S3: "envelope being written (intd)",
     S4: "queued (todo)",
     S5: "preprocessed (info)",
+    HELD: "preprocessed and held (info, hold)",
 }
 
 # The files of one message number in the directory backend.
-FILES = ("mess", "intd", "todo", "info", "local", "remote", "bounce")
+FILES = ("mess", "intd", "todo", "info", "local", "remote", "bounce", "hold")
 
 # For each state: True = must exist, False = must not exist, None = either.
 PRESENCE = {
-    S1: dict(mess=False, intd=False, todo=False, info=False, local=False, remote=False, bounce=False),
-    S2: dict(mess=True, intd=False, todo=False, info=False, local=False, remote=False, bounce=False),
-    S3: dict(mess=True, intd=True, todo=False, info=False, local=False, remote=False, bounce=False),
-    S4: dict(mess=True, intd=None, todo=True, info=None, local=None, remote=None, bounce=False),
-    S5: dict(mess=True, intd=False, todo=False, info=True, local=None, remote=None, bounce=None),
+    S1: dict(mess=False, intd=False, todo=False, info=False, local=False, remote=False, bounce=False,
+             hold=False),
+    S2: dict(mess=True, intd=False, todo=False, info=False, local=False, remote=False, bounce=False,
+             hold=False),
+    S3: dict(mess=True, intd=True, todo=False, info=False, local=False, remote=False, bounce=False,
+             hold=False),
+    S4: dict(mess=True, intd=None, todo=True, info=None, local=None, remote=None, bounce=False,
+             hold=False),
+    S5: dict(mess=True, intd=False, todo=False, info=True, local=None, remote=None, bounce=None,
+             hold=False),
+    HELD: dict(mess=True, intd=False, todo=False, info=True, local=None, remote=None, bounce=None,
+               hold=True),
 }
 
 # Legal moves between different states, each with the program that makes it and how.
@@ -38,6 +50,12 @@ TRANSITIONS = {
     (S5, S2): ("qmail-send", "unlink info/S/n when every recipient is finished"),
     (S2, S1): ("qmail-clean", "unlink mess/S/n (foop request, or 36-hour cleanup)"),
     (S3, S2): ("qmail-queue", "unlink intd/n after a read or write error (or qmail-clean foop)"),
+    (S5, HELD): ("qmail-send", "hold: create hold/n (log: a REPLACEMENT with the held bit)"),
+    (HELD, S5): ("qmail-send", "release or requeue: unlink hold/n (log: a REPLACEMENT without it)"),
+    # delete, terminal: channel files, bounce/n, hold/n and info/S/n unlinked, then
+    # qmail-clean removes mess/S/n (log: a FINISH); no end msg is logged
+    (S5, S1): ("qmail-send", "delete: unlink channel files, bounce, info; qmail-clean unlinks mess"),
+    (HELD, S1): ("qmail-send", "delete a held message, as from S5"),
 }
 
 # Moves that stay in one state but change its files (preprocessing redone after
@@ -77,7 +95,15 @@ LOG_EVENT_TRANSITIONS = {
     "bounce msg": (S5, S5),
     "triple bounce": (S5, S5),
     "end msg": (S5, S1),          # info unlinked (S2), then mess cleaned (S1)
+    "hold msg": (S5, HELD),
+    "release msg": (HELD, S5),
+    "requeue msg": (S5, S5),      # a held message is released first (its own line)
+    "bounce now msg": (S5, S5),   # pending recipients failed; bounce msg and end msg follow
+    "delete msg": (S5, S1),       # terminal: no end msg follows (from HELD too: DELETE_FROM)
 }
+
+# A delete may also end a held message.
+DELETE_FROM = (S5, HELD)
 
 
 def classify(present):

@@ -24,12 +24,12 @@ records = st.one_of(
     st.builds(lambda t, n, u, q, s, r: (R.encode_envelope(t, n, u, q, s, r),
                                          dict(uid=u, qp=q, sender=s, recipients=r)),
               t32, u64, t32, t32, addr, st.lists(addr, max_size=5)),
-    st.builds(lambda ty, t, n, p, b, q, u, sz, s, no, e, ch: (
-        R.encode_snapshot(ty, t, n, p, b, q, u, sz, s, no, e, ch),
+    st.builds(lambda ty, t, n, p, b, q, u, sz, s, no, e, ch, h: (
+        R.encode_snapshot(ty, t, n, p, b, q, u, sz, s, no, e, ch, h),
         dict(prev=p, birth=b, qp=q, uid=u, size=sz, sender=s, notes=no,
-             ended=tuple(c for c in R.CHANNELS if c in e), channels=ch)),
+             ended=tuple(c for c in R.CHANNELS if c in e), channels=ch, held=h)),
         st.sampled_from(R.SNAPSHOTS), t32, u64, pos, u64, t32, t32, u64, addr, st.binary(max_size=80),
-        st.sets(st.sampled_from(R.CHANNELS)), channels),
+        st.sets(st.sampled_from(R.CHANNELS)), channels, st.booleans()),
     st.builds(lambda t, n, p, c: (R.encode_start(t, n, p, c), dict(snapshot=p, channel=c)),
               t32, u64, pos, st.sampled_from(R.CHANNELS)),
     st.builds(lambda t, n, c, i, r: (R.encode_delivery(t, n, c, i, r), dict(channel=c, index=i, result=r)),
@@ -238,3 +238,14 @@ def test_a_damaged_flag_on_a_live_snapshot_is_reported_and_the_message_kept(tmp_
     assert owed <= delivered
     assert [(p.kind, p.start, p.flags) for p in found] == [(R.FLAG, live[0].pos[1], R.LIVE ^ 0x01)]
     assert "damaged garbage flag 0x4d" in found[0].describe()
+
+
+def test_a_held_snapshot_is_never_due():
+    """The held bit of `sched` (qmailctl queue hold): the runners' light read gives no
+    due times for it, so a held message is never offered."""
+    chans = {"local": (0, [(False, b"a@b.example")])}
+    held = R.encode_snapshot(R.REPLACEMENT, 5, 9, R.NOWHERE, 1, 2, 3, 4, b"s", b"", (), chans, True)
+    free = R.encode_snapshot(R.REPLACEMENT, 5, 9, R.NOWHERE, 1, 2, 3, 4, b"s", b"", (), chans)
+    assert R.schedule(held) == (R.REPLACEMENT, R.LIVE, 5, 9, None)
+    assert R.schedule(free) == (R.REPLACEMENT, R.LIVE, 5, 9, {"local": 0})
+    assert R.decode_one(held).held and not R.decode_one(free).held

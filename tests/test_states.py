@@ -5,7 +5,7 @@ import os
 import pytest
 
 from qmailpy import states
-from qmailpy.states import S1, S2, S3, S4, S5
+from qmailpy.states import HELD, S1, S2, S3, S4, S5
 
 # How each legal move changes the files of one message (docs/queue-format.md "State machine").
 MOVES = {
@@ -16,15 +16,19 @@ MOVES = {
     (S5, S2): lambda f: f - {"info", "local", "remote", "bounce"},
     (S2, S1): lambda f: f - {"mess"},
     (S3, S2): lambda f: f - {"intd"},
+    (S5, HELD): lambda f: f | {"hold"},
+    (HELD, S5): lambda f: f - {"hold"},
+    (S5, S1): lambda f: set(),
+    (HELD, S1): lambda f: set(),
 }
 START = {S1: set(), S2: {"mess"}, S3: {"mess", "intd"}, S4: {"mess", "intd", "todo"},
-         S5: {"mess", "info", "remote"}}
+         S5: {"mess", "info", "remote"}, HELD: {"mess", "info", "remote", "hold"}}
 
 
 def make(queue, present, n=100):
     """Create message n's files of the given kinds under queue; return the kinds found on disk."""
     for kind in present:
-        rel = {"intd": "intd/%d", "todo": "todo/%d", "bounce": "bounce/%d"}.get(kind, kind + "/%d/%%d" % (n % 23))
+        rel = {"intd": "intd/%d", "todo": "todo/%d", "bounce": "bounce/%d", "hold": "hold/%d"}.get(kind, kind + "/%d/%%d" % (n % 23))
         path = os.path.join(queue, rel % n)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         open(path, "wb").close()
@@ -58,7 +62,8 @@ def test_every_other_move_is_illegal():
             assert legal == (before in states.SELF_MOVES or before == S1)
         else:
             assert legal == ((before, after) in states.TRANSITIONS), (before, after)
-    for before, after in [(S1, S4), (S1, S5), (S4, S1), (S5, S4), (S4, S3), (S5, S1), (S2, S5), (S2, S4)]:
+    for before, after in [(S1, S4), (S1, S5), (S4, S1), (S5, S4), (S4, S3), (S2, S5), (S2, S4),
+                          (S4, HELD), (HELD, S4), (HELD, S2)]:
         assert not states.is_legal(before, after)
         assert states.maker(before, after) is None
 

@@ -207,6 +207,39 @@ class QueueBackend(ABC):
         for a step of the walk with nothing for the caller to do (a backend may clean
         its own orphans on the way, one step at a time, so the walk never blocks)."""
 
+    # -- qmail-send: commands (qmailctl queue ...; send/commands.py) ------
+    # qmail-send calls these only for a message none of whose deliveries is in flight
+    # and none of whose scheduled entries it holds.
+    @abstractmethod
+    def take(self, numbers):
+        """(preprocessed, queued): the numbers in S5 (ready for the calls below and the
+        delivery calls until let_go()) and those still in S4."""
+
+    @abstractmethod
+    def let_go(self, n):
+        """qmail-send is done with a message take() gave it (if it is still queued)."""
+
+    @abstractmethod
+    def is_held(self, n):
+        """True while message n is held: the schedule never offers it."""
+
+    @abstractmethod
+    def hold(self, n):
+        """Hold message n, durably (it stays held across restarts)."""
+
+    @abstractmethod
+    def release(self, n):
+        """End a hold: n's channels are due at their times again (at once if passed)."""
+
+    @abstractmethod
+    def requeue(self, n, now):
+        """Every channel of message n is due at `now` (it must not be held)."""
+
+    @abstractmethod
+    def delete(self, n):
+        """Remove message n without delivering or bouncing: S5 -> S1, by the same
+        removal path as complete()."""
+
     # -- readers: qmail-qread, qmail-qstat, snapshots ---------------------
     @abstractmethod
     def list_messages(self):

@@ -18,6 +18,7 @@ import time
 
 from qmailpy import envelope
 from qmailpy.backends.base import SLEEP_SYSFAIL, QueueBackend, QueueError, Scheduled
+from qmailpy.backends.dircommands import DirCommands
 from qmailpy.backends.dirpreprocess import DirPreprocessing
 from qmailpy.backends.dirschedule import RECHECK, DirSchedule
 from qmailpy.layout import CHANNELS, SPLIT, is_number, relpath
@@ -51,7 +52,7 @@ def _now():
     return int(time.time())
 
 
-class DirQueue(DirPreprocessing, QueueBackend):
+class DirQueue(DirPreprocessing, DirCommands, QueueBackend):
     name = "dir"
 
     def __init__(self, home, cleaner=None, log=None):
@@ -60,6 +61,7 @@ class DirQueue(DirPreprocessing, QueueBackend):
         self.cleaner = cleaner
         self._log = log
         self.schedule = DirSchedule()
+        self.held, self.parked = {}, {}     # hold/ markers (dircommands.py)
         if cleaner is not None and hasattr(cleaner, "send_async"):
             cleaner.on_late_reply = self._late_clean_reply
 
@@ -149,6 +151,7 @@ class DirQueue(DirPreprocessing, QueueBackend):
     def startup(self):
         """Load the schedule from info/ and the channel files' mtimes; offer what is due."""
         now = _now()
+        self.load_holds()
         for s in range(SPLIT):
             try:
                 names = os.listdir("%s/info/%d" % (self.queue, s))
@@ -162,7 +165,7 @@ class DirQueue(DirPreprocessing, QueueBackend):
 
     # -- the schedule --------------------------------------------------------
     def due(self, now=None):
-        return self.schedule.due(_now() if now is None else now, self._scan_one)
+        return self.park_held(self.schedule.due(_now() if now is None else now, self._scan_one))
 
     def next_wakeup(self):
         return self.schedule.next_wakeup(_now())
@@ -306,6 +309,7 @@ class DirQueue(DirPreprocessing, QueueBackend):
         self._unlink_quietly(self._rel("bounce", n))
 
     def complete(self, n):
+        self._drop_hold(n)
         rel = self._rel("info", n)
         try:
             os.unlink(self._path(rel))

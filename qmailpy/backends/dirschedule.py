@@ -61,6 +61,21 @@ class DirSchedule:
             self.heaps[c] = [(now, n) for _, n in heap]
             heapq.heapify(self.heaps[c])
 
+    def take(self, n):
+        """Remove message n's entries from the schedule and return them (a command on n;
+        one pass over the heaps)."""
+        taken = []
+        for c in CHANNELS:
+            heap = self.heaps[c]
+            if any(m == n for _, m in heap):
+                taken.extend(Scheduled(n, c, due) for due, m in heap if m == n)
+                self.heaps[c] = [(due, m) for due, m in heap if m != n]
+                heapq.heapify(self.heaps[c])
+        if n in self.completions:
+            self.completions = [m for m in self.completions if m != n]
+            taken.append(Scheduled(n, None, 0))
+        return taken
+
     def waiting(self):
         """(n, channel, due) of every waiting channel, for the orderly exit."""
         for c in CHANNELS:

@@ -8,7 +8,7 @@ Its S5 state is its latest snapshot record plus the deltas appended since
 class InFlight:
     """A message qmail-send is working on: its snapshot state plus deltas since."""
     __slots__ = ("n", "snap", "sender", "birth", "qp", "uid", "size", "notes", "channels",
-                 "passes", "offered", "delta_start", "failed")
+                 "passes", "offered", "delta_start", "failed", "held")
 
     def __init__(self, n, snap_pos, rec):
         self.n, self.snap = n, snap_pos
@@ -21,6 +21,7 @@ class InFlight:
         self.offered = set()         # channels (None = completion) handed to qmail-send
         self.delta_start = None      # position of the first delta after snap
         self.failed = False          # a bounce note since the last DELIVERY
+        self.held = f.get("held", False)    # qmailctl queue hold: the runners skip it
 
     def channel_state(self):
         return {c: (due, [(bool(d), a) for d, a in rcpts]) for c, (due, rcpts) in self.channels.items()}

@@ -19,6 +19,7 @@ LogQueue is this module's delivery interface plus one mixin per concept:
   logdamage.py    LogDamage    restoring messages whose newest record was damaged
   logrunners.py   LogRunners   the queue runners: due(), next_wakeup(), run_all_now()
   logreaders.py   LogReaders   qmail-qread/qmail-qstat readers and the 36-hour cleanup
+  logcommands.py  LogCommands  hold, release, requeue and delete for qmail-send's commands
 The schedule lives in the log itself (each snapshot's next-attempt times): the
 runners offer what is due, as base.QueueBackend describes.
 """
@@ -27,6 +28,7 @@ import os
 from qmailpy import logline
 from qmailpy.backends import logcounts, logrecords as R
 from qmailpy.backends.base import CleanerLost, Preprocessed, QueueBackend, QueueError
+from qmailpy.backends.logcommands import LogCommands
 from qmailpy.backends.logcommit import LOG_DIR, SEGMENT_LIMIT_CONTROL, read_segment_limit
 from qmailpy.backends.logdamage import LogDamage
 from qmailpy.backends.loggarbage import LogGarbage
@@ -39,7 +41,8 @@ from qmailpy.envelope import ChannelRecord
 from qmailpy.layout import CHANNELS, SPLIT, relpath
 
 
-class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogReaders, QueueBackend):
+class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogReaders, LogCommands,
+               QueueBackend):
     name = "log"
 
     def __init__(self, home, cleaner=None, log=None, segment_limit=None,
@@ -75,7 +78,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
     def _write_snapshot(self, a, type=R.REPLACEMENT, ended=(), now=None):
         now = _now() if now is None else now
         data = R.encode_snapshot(type, now, a.n, a.snap, a.birth, a.qp, a.uid, a.size, a.sender,
-                                 bytes(a.notes), ended, a.channel_state())
+                                 bytes(a.notes), ended, a.channel_state(), a.held)
         pos = self._append(data)
         self._supersede(a.snap)
         self._count(pos, 1)

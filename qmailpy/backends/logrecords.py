@@ -47,6 +47,9 @@ TYPE_NAMES = {ENVELOPE: "ENVELOPE", PREPROCESSED: "PREPROCESSED", START: "START"
 SNAPSHOTS = (PREPROCESSED, REPLACEMENT)   # records holding a message's whole S5 state
 
 _CHANNEL_CODE = {"local": 0, "remote": 1}
+# Bit 2 of a snapshot's `sched` byte: the message is held (qmailctl queue hold). The
+# runners read it from the fixed prefix and never offer a held message.
+HELD_BIT = 4
 
 # DELIVERY results and BOUNCE-NOTE operations.
 SUCCESS, FAILURE = b"K", b"D"
@@ -172,14 +175,15 @@ def encode_envelope(time, n, uid, qp, sender, recipients):
                  + _bytes(sender) + _list(recipients))
 
 
-def encode_snapshot(type, time, n, prev, birth, qp, uid, size, sender, notes, ended, channels):
+def encode_snapshot(type, time, n, prev, birth, qp, uid, size, sender, notes, ended, channels,
+                    held=False):
     """PREPROCESSED or REPLACEMENT: the whole S5 state of a message.
 
     channels: {name: (due, [(done, address), ...])}; ended: channel names whose
     delivery pass this record closes; prev: position of the record it supersedes.
     The channels' due times sit at a fixed place right after the common prefix
     (see `schedule`), so queue runners can decide without decoding the rest."""
-    present = sum(1 << _CHANNEL_CODE[c] for c in channels)
+    present = sum(1 << _CHANNEL_CODE[c] for c in channels) | (HELD_BIT if held else 0)
     dues = [channels[c][0] if c in channels else 0 for c in CHANNELS]
     parts = [_COMMON.pack(time, n), _POS.pack(*prev), _SCHED.pack(present, *dues),
              _SNAP.pack(birth, qp, uid, size), _bytes(sender), _bytes(notes),
@@ -223,8 +227,9 @@ def _decode_payload(type, payload):
     elif type in SNAPSHOTS:
         f["prev"] = r.take(_POS)
         present, local_due, remote_due = r.take(_SCHED)
-        if present > 3:
+        if present & ~(3 | HELD_BIT):
             raise RecordError("unknown channel bits")
+        f["held"] = bool(present & HELD_BIT)
         f["birth"], f["qp"], f["uid"], f["size"] = r.take(_SNAP)
         f["sender"] = r.bytes()
         f["notes"] = r.bytes()
@@ -311,13 +316,16 @@ _LIGHT = struct.Struct("<2sBBII" "IQ" "IQ" "BQQ")
 def schedule(data, pos=0):
     """(type, flags, time, n, {channel: due}) of a valid record, read from its fixed prefix.
 
-    For snapshots the dict holds the channels present; for other types it is None.
-    The caller has checked the record with frame_length()."""
+    For snapshots the dict holds the channels present; for other types, and for a
+    held snapshot (never due), it is None. The caller has checked the record with
+    frame_length()."""
     type, flags = data[pos + 2], data[pos + 3]
     if type not in SNAPSHOTS:
         time, n = _COMMON.unpack_from(data, pos + RECORD_HEADER_SIZE)
         return type, flags, time, n, None
     (_, _, _, _, _, time, n, _, _, present, local_due, remote_due) = _LIGHT.unpack_from(data, pos)
+    if present & HELD_BIT:
+        return type, flags, time, n, None
     dues = {}
     if present & 1:
         dues["local"] = local_due

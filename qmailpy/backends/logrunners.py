@@ -95,7 +95,7 @@ class LogRunners:
                 rec = self._read_at(pos)
             except QueueError:
                 continue                         # its segment is gone: it was garbage
-            if (rec.type not in R.SNAPSHOTS or rec.n in self.active
+            if (rec.type not in R.SNAPSHOTS or rec.n in self.active or rec.held
                     or self._flagged_garbage(rec.flags, pos, rec.length)):
                 continue
             ready = [c for c, (due, _) in rec.channels.items() if due <= now]

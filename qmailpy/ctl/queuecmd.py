@@ -14,6 +14,11 @@ ACTIONS = {
     "list": "queuelist",
     "size": "queuesize",
     "shape": "queueshape",
+    "delete": "queueact",
+    "hold": "queueact",
+    "release": "queueact",
+    "requeue": "queueact",
+    "bounce": "queueact",
 }
 
 

@@ -25,6 +25,7 @@ from qmailpy.send.clean import CleanClient, CleanerLost
 from qmailpy.envelope import bounce_note
 from qmailpy.send import bounce, metrics, schedule
 from qmailpy.send.channel import Channel, Delivery, Job
+from qmailpy.send.commands import CommandDesk
 from qmailpy.send.throttle import Gate
 from qmailpy.spawn import encode_command, verp
 
@@ -137,6 +138,7 @@ class QmailSend:
         self.trigger_fd = self._open_trigger(None)
         self.cleanuptime = self.now
         self.metrics = metrics.MetricsFile.of(self.home)
+        self.desk = CommandDesk(self)
 
     def _add_scheduled(self, entry):
         if entry.channel is None:
@@ -211,6 +213,9 @@ class QmailSend:
                 wakeup = min(wakeup, 0 if self.todo else self.nexttodorun)
                 wakeup = min(wakeup, 0 if self.cleanup is not None else self.cleanuptime)
                 wakeup = min(wakeup, self.metrics.due())
+                desk_wakeup = self.desk.wakeup(now)
+                if desk_wakeup is not None:
+                    wakeup = min(wakeup, desk_wakeup)
             timeout = 0 if wakeup <= now else wakeup - now + SLEEP_FUZZ
             gate_wakeup = self.gate.next_wakeup()
             if gate_wakeup is not None:
@@ -232,7 +237,10 @@ class QmailSend:
                     self.cleandied()
             self.comm_do(writable)
             self.del_do(readable)
-            self.todo_do(self.trigger_fd is not None and self.trigger_fd in readable)
+            pulled = self.trigger_fd is not None and self.trigger_fd in readable
+            self.todo_do(pulled)
+            if not self.exitasap:
+                self.desk.do(pulled)
             for p in self.gate.wake(self.now):
                 self.by_name[p.channel].schedule(self.now, p.n)
             self.pass_do()
@@ -358,6 +366,7 @@ class QmailSend:
         self.job_close(ch, job)
         ch.slots[slot] = None
         ch.used -= 1
+        self.desk.job_closed(job.n)
         self.status()
 
     def mark_done(self, ch, job, record):
@@ -435,6 +444,9 @@ class QmailSend:
                 return True
             if record.done:
                 continue
+            if ch.job.n in self.desk.quiesce:    # a command waits for it (send/commands.py)
+                self.pass_close(ch)
+                return True
             job = ch.job
             if job.only is not None and ch.index - 1 not in job.only:
                 job.unstarted += 1
@@ -468,6 +480,7 @@ class QmailSend:
         job = ch.job
         ch.job, ch.records, ch.index = None, None, 0
         self.job_close(ch, job)
+        self.desk.job_closed(job.n)
 
     def job_close(self, ch, job):
         job.refs -= 1

@@ -1,0 +1,136 @@
+"""The directory backend's side of qmail-send's commands (qmailctl queue ...): hold
+markers and removal (docs/queue-format.md "hold/n").
+
+A held message has hold/n, holding the message's birth (info/S/n's mtime) in
+decimal and a LF, so that a marker a real qmail left behind when it finished
+the message cannot hold a later message on the same inode: at startup a marker
+whose birth does not match is removed. Real qmail ignores hold/ and delivers a
+held message. The schedule entries of a held message are parked in memory and
+go back to the schedule on release, at their own times.
+"""
+import os
+
+from qmailpy.backends.base import QueueError, Scheduled
+from qmailpy.fileio import write_all
+from qmailpy.layout import CHANNELS, is_number
+
+
+class DirCommands:
+    """Mixin of DirQueue: needs self.held (n -> birth), self.parked (n -> [Scheduled]),
+    self.schedule, _path, _rel, _exists, _unlink_quietly,
+    _sync_dir_of, _utime, _warn, channels_left and complete."""
+
+    def load_holds(self):
+        """Read hold/ at startup; remove markers of messages that are gone."""
+        held = self.held
+        try:
+            names = os.listdir(self._path("hold"))
+        except OSError:
+            return
+        for name in names:
+            if not is_number(name):
+                continue
+            n = int(name)
+            rel = self._rel("hold", n)
+            try:
+                with open(self._path(rel), "rb") as f:
+                    marked = f.read(32)
+                birth = self._birth(n)
+            except (OSError, QueueError):
+                birth = None
+            if birth is not None and marked == b"%d\n" % birth:
+                held[n] = birth
+                continue
+            try:
+                if self._unlink_quietly(rel):
+                    self._warn("removed %s left over from an ended message" % rel)
+            except QueueError as e:
+                self._warn(str(e))
+
+    def _birth(self, n):
+        try:
+            return int(os.stat(self._path(self._rel("info", n))).st_mtime)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            raise QueueError("unable to stat %s" % self._rel("info", n))
+
+    def park_held(self, entries):
+        """The entries of held messages are parked; the others returned."""
+        held = self.held
+        if not held:
+            return entries
+        free = []
+        for e in entries:
+            if e.n in held:
+                self.parked.setdefault(e.n, []).append(e)
+            else:
+                free.append(e)
+        return free
+
+    def take(self, numbers):
+        preprocessed, queued = [], []
+        for n in numbers:
+            if self._exists(self._rel("todo", n)):
+                queued.append(n)
+            elif self._exists(self._rel("info", n)):
+                preprocessed.append(n)
+        return preprocessed, queued
+
+    def let_go(self, n):
+        pass
+
+    def is_held(self, n):
+        return n in self.held
+
+    def hold(self, n):
+        birth = self._birth(n)
+        if birth is None:
+            raise QueueError("unable to stat %s" % self._rel("info", n))
+        rel = self._rel("hold", n)
+        try:
+            fd = os.open(self._path(rel), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                write_all(fd, b"%d\n" % birth)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            raise QueueError("unable to write %s" % rel)
+        self._sync_dir_of(rel)
+        self.held[n] = birth
+        self.parked.setdefault(n, []).extend(self.schedule.take(n))
+
+    def release(self, n):
+        self._drop_hold(n)
+        for e in self.parked.pop(n, []):
+            self.schedule.add(e)
+
+    def _drop_hold(self, n):
+        if self.held.pop(n, None) is None:
+            return
+        rel = self._rel("hold", n)
+        if self._unlink_quietly(rel):
+            self._sync_dir_of(rel)
+
+    def requeue(self, n, now):
+        self.schedule.take(n)
+        self.parked.pop(n, None)
+        for c in self.channels_left(n):
+            self._utime(self._rel(c, n), now)
+            self.schedule.add(Scheduled(n, c, now))
+
+    def delete(self, n):
+        """Channel files first (synced: nothing is delivered after), then the bounce
+        notes, the hold marker and, by complete(), info and the body. A crash between
+        leaves a message with no channel: its next start completes it, bouncing any
+        failures recorded before the delete."""
+        self.schedule.take(n)
+        self.parked.pop(n, None)
+        for c in CHANNELS:
+            rel = self._rel(c, n)
+            if self._unlink_quietly(rel):
+                self._sync_dir_of(rel)
+        self._unlink_quietly(self._rel("bounce", n))
+        self._drop_hold(n)
+        self.complete(n)

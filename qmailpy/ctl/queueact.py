@@ -1,0 +1,145 @@
+"""qmailctl queue delete | hold | release | requeue | bounce: act on messages through the
+running qmail-send (docs/qmail-send.md "Commands"), never behind its back.
+
+The messages are NUMBERs or the filters of queuefilter.py (at least one of them).
+qmailctl writes one command into queue/command/, pulls the trigger and waits for
+qmail-send's answer, one line per message: those acted on go to stdout, the others
+to stderr with the reason. Exit codes: 0 every message acted on; 1 some were not
+(not in the queue, not held, ...) or a filter matched none; 2 bad usage; 111
+nothing was done because qmail-send is not running or did not take the command in
+--timeout seconds, or qmail-send stopped or is still busy with it (said on stderr:
+it finishes the command itself).
+"""
+import fcntl
+import os
+import sys
+import time
+
+from qmailpy import command, trigger
+from qmailpy.ctl import queuefilter
+
+HELP = "act on queued messages through qmail-send (delete, hold, release, requeue, bounce)"
+EXIT_NOT_DONE, EXIT_USAGE, EXIT_TEMP = 1, 2, 111
+DEFAULT_TIMEOUT = 300.0
+_FILTERS = ("senders", "recipients", "domains", "older_than", "newer_than", "state_names",
+            "min_size", "max_size")
+
+
+def add_arguments(parser):
+    queuefilter.add_arguments(parser)
+    parser.add_argument("--reason", metavar="TEXT",
+                        help="bounce only: the failure text the bounce gives for each recipient")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                        help="how long to wait for qmail-send (default %d)" % DEFAULT_TIMEOUT)
+
+
+def _say(action, text):
+    print("qmailctl queue %s: %s" % (action, text), file=sys.stderr)
+
+
+def send_running(queue):
+    """True while a qmail-send holds lock/sendmutex."""
+    try:
+        fd = os.open(os.path.join(queue, "lock", "sendmutex"), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def select_numbers(home, wanted):
+    """The message numbers to name in the command: the NUMBERs as given, or what the
+    filters select from the queue as it is now."""
+    if not any(getattr(wanted, f) is not None for f in _FILTERS):
+        return sorted(wanted.numbers)
+    from qmailpy.ctl.queuewalk import records
+    return [r["n"] for r in records(home, wanted.numbers) if wanted(r)]
+
+
+def run(args):
+    from qmailpy.home import qmail_home
+    action = args.action
+    if (action == "bounce") != (args.reason is not None):
+        _say(action, "--reason TEXT is for bounce, and bounce needs it")
+        return EXIT_USAGE
+    if args.reason is not None:
+        try:
+            command.check_reason(args.reason)
+        except command.CommandError as e:
+            _say(action, str(e))
+            return EXIT_USAGE
+    wanted = queuefilter.from_args(args)
+    if wanted.numbers is None and not any(getattr(wanted, f) is not None for f in _FILTERS):
+        _say(action, "name the messages: NUMBER... or filters (see qmailctl(8))")
+        return EXIT_USAGE
+    home = qmail_home(args.home)
+    queue = os.path.join(home, "queue")
+    cdir = os.path.join(queue, command.COMMAND_DIR)
+    if not os.path.isdir(cdir):
+        _say(action, "no %s (qmailctl init makes it); nothing done" % cdir)
+        return EXIT_TEMP
+    if not send_running(queue):
+        _say(action, "qmail-send is not running; nothing done")
+        return EXIT_TEMP
+    try:
+        numbers = select_numbers(home, wanted)
+    except (OSError, ValueError) as e:
+        _say(action, "unable to read the queue: %s" % e)
+        return EXIT_TEMP
+    if not numbers:
+        _say(action, "no message matches")
+        return EXIT_NOT_DONE
+    name = "%d-%d-%s" % (time.time_ns(), os.getpid(), os.urandom(4).hex())
+    data = command.encode(command.Command(action, numbers, args.reason))
+    from inotify_simple import INotify, flags
+    with INotify() as ino:
+        ino.add_watch(cdir, flags.MOVED_TO | flags.CREATE)
+        command.write_atomically(cdir, name, data, 0o644)
+        trigger.pull(queue)
+        reply = _wait(ino, cdir, name, queue, args.timeout, action)
+    if reply is None:
+        return EXIT_TEMP
+    status = 0
+    for n, result, text in command.decode_reply(reply):
+        if result == command.DONE:
+            print("%d: %s" % (n, text))
+        else:
+            _say(action, "%d: %s" % (n, text))
+            status = EXIT_NOT_DONE
+    return status
+
+
+def _wait(ino, cdir, name, queue, timeout, action):
+    """The reply's bytes, or None (said why on stderr) when there is none to wait for."""
+    reply = os.path.join(cdir, name + command.REPLY)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(reply, "rb") as f:
+                data = f.read()
+            os.unlink(reply)
+            return data
+        except FileNotFoundError:
+            pass
+        left = deadline - time.monotonic()
+        running = send_running(queue)
+        if left <= 0 or not running:
+            try:
+                os.unlink(os.path.join(cdir, name))         # withdrawn: it never started
+                why = "did not take the command in %g s" % timeout if running else "is not running"
+                _say(action, "qmail-send %s; nothing done" % why)
+            except FileNotFoundError:
+                if os.path.exists(reply):
+                    continue
+                _say(action, "qmail-send %s; it finishes the command itself (%s)" % (
+                    "is still carrying out the command, waiting for deliveries in flight"
+                    if running else "stopped while carrying out the command; its next start",
+                    os.path.join(cdir, name + command.WORK)))
+            return None
+        # the second wake-up bounds a qmail-send that died without answering
+        ino.read(timeout=int(min(left, 1.0) * 1000) + 1)

@@ -1,0 +1,233 @@
+"""qmailctl queue delete | hold | release | requeue | bounce against a running qmail-send,
+on both backends (docs/qmail-send.md "Commands"): what the operator sees (exit codes,
+stdout and stderr), qmail-send's log lines, Maildirs and the SMTP peer."""
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+from inotify_simple import INotify, flags
+
+from lspawn_harness import LocalUsers
+from remote_harness import Smtpd
+from send_harness import Daemons, wait_mess_gone
+from test_delivery_local import wait_maildir
+
+pytestmark = pytest.mark.both_backends
+
+PEER = "peer.example"
+
+
+def ctl(home, *args, **kw):
+    return home.run(["qmailctl", "queue", args[0], "--home", home.path, "--timeout", "20"]
+                    + list(args[1:]), **kw)
+
+
+def msg_number(daemons, recipient, count=1):
+    lines = daemons.wait_line(r"^starting delivery \d+: msg \d+ to \w+ %s$" % re.escape(recipient), count)
+    return int(re.search(r"msg (\d+) to \w+ %s$" % re.escape(recipient),
+                         [l for l in lines if l.endswith(" " + recipient)][-1]).group(1))
+
+
+def starts_of(daemons, n, since=0):
+    return [l for l in daemons.lines()[since:] if re.match(r"starting delivery \d+: msg %d " % n, l)]
+
+
+@pytest.fixture
+def peer(qmail_home):
+    """An SMTP peer for PEER that defers every recipient in peer.deferred."""
+    with Smtpd() as smtpd:
+        qmail_home.control("smtproutes", "%s:[127.0.0.1]:%d\n" % (PEER, smtpd.port))
+        yield smtpd
+
+
+def deferred_message(home, daemons, peer, local, sender=b"joe@test.example"):
+    """A message to LOCAL@PEER that the peer deferred once: its number."""
+    rcpt = "%s@%s" % (local, PEER)
+    peer.rcpt_replies[rcpt] = "451 4.3.0 try later"
+    assert home.queue_message(b"Subject: %s\n\nhello\n" % local.encode(), sender,
+                              [rcpt.encode()]).returncode == 0
+    lines = daemons.wait_line(r"^starting delivery \d+: msg \d+ to remote %s$" % re.escape(rcpt))
+    start = [l for l in lines if l.endswith(" " + rcpt)][-1]
+    d, n = (int(x) for x in re.match(r"starting delivery (\d+): msg (\d+)", start).groups())
+    daemons.wait_line(r"^delivery %d: deferral: " % d)
+    return n
+
+
+def test_hold_survives_restart_and_requeue_releases(qmail_home, peer):
+    daemons = Daemons(qmail_home).start()
+    try:
+        daemons.wait_started()
+        held = deferred_message(qmail_home, daemons, peer, "bob")
+        other = deferred_message(qmail_home, daemons, peer, "amy")
+        done = ctl(qmail_home, "hold", str(held))
+        assert (done.returncode, done.stdout, done.stderr) == (0, b"%d: held\n" % held, b"")
+        assert "hold msg %d" % held in daemons.lines()
+        again = ctl(qmail_home, "hold", str(held))
+        assert again.returncode == 1 and b"%d: already held" % held in again.stderr
+        assert daemons.stop() == 0
+        daemons.start()
+        daemons.wait_started()
+        since = daemons.line_count()
+        peer.rcpt_replies.clear()
+        daemons.signal(signal.SIGALRM)                 # everything waiting is due now
+        daemons.wait_line(r"^end msg %d$" % other)
+        assert starts_of(daemons, held, since) == []   # held: not tried, not delivered
+        assert [t.rcpt_tos for t in peer.transactions] == [["amy@" + PEER]]
+        done = ctl(qmail_home, "requeue", str(held))
+        assert (done.returncode, done.stdout) == (0, b"%d: requeued\n" % held)
+        daemons.wait_line(r"^end msg %d$" % held)
+        lines = daemons.lines()
+        assert lines.index("release msg %d" % held) < lines.index("requeue msg %d" % held)
+        assert [t.rcpt_tos for t in peer.transactions][-1] == ["bob@" + PEER]
+    finally:
+        daemons.kill()
+
+
+def test_release_and_unknown_numbers(qmail_home, peer):
+    daemons = Daemons(qmail_home).start()
+    try:
+        daemons.wait_started()
+        n = deferred_message(qmail_home, daemons, peer, "bob")
+        done = ctl(qmail_home, "release", str(n))
+        assert done.returncode == 1 and done.stderr == b"qmailctl queue release: %d: not held\n" % n
+        assert ctl(qmail_home, "hold", str(n)).returncode == 0
+        done = ctl(qmail_home, "release", str(n), "999999999")
+        assert done.returncode == 1
+        assert done.stdout == b"%d: released\n" % n
+        assert done.stderr == b"qmailctl queue release: 999999999: not in queue\n"
+        assert "release msg %d" % n in daemons.lines()
+        peer.rcpt_replies.clear()
+        daemons.signal(signal.SIGALRM)                 # released: tried with the rest
+        daemons.wait_line(r"^end msg %d$" % n)
+        gone = ctl(qmail_home, "delete", str(n))
+        assert gone.returncode == 1 and gone.stderr == b"qmailctl queue delete: %d: not in queue\n" % n
+    finally:
+        daemons.kill()
+
+
+def test_release_past_lifetime_bounces_on_next_attempt(qmail_home, peer):
+    users = LocalUsers(qmail_home)
+    joe = users.add("joe")
+    daemons = Daemons(qmail_home).start()
+    try:
+        daemons.wait_started()
+        n = deferred_message(qmail_home, daemons, peer, "bob")
+        assert ctl(qmail_home, "hold", str(n)).returncode == 0
+        assert daemons.stop() == 0
+        qmail_home.control("queuelifetime", "1\n")
+        birth = os.stat(os.path.join(qmail_home.queue, "mess", str(n % 23), str(n))).st_mtime
+        while time.time() < birth + 2:                 # the message outlives its lifetime
+            time.sleep(0.1)
+        daemons.start()
+        daemons.wait_started()
+        done = ctl(qmail_home, "release", str(n))
+        assert done.returncode == 0
+        daemons.signal(signal.SIGALRM)
+        daemons.wait_line(r"^end msg %d$" % n)
+        assert any(re.match(r"delivery \d+: failure: .*I'm_not_going_to_try_again", l)
+                   for l in daemons.lines())
+        bounce = wait_maildir(os.path.join(joe, "Maildir"), 1)
+        assert b"<bob@peer.example>:" in bounce[0]
+    finally:
+        daemons.kill()
+
+
+def test_bounce_with_reason(qmail_home, peer):
+    users = LocalUsers(qmail_home)
+    joe = users.add("joe")
+    daemons = Daemons(qmail_home).start()
+    try:
+        daemons.wait_started()
+        n = deferred_message(qmail_home, daemons, peer, "bob")
+        done = ctl(qmail_home, "bounce", "--reason", "Mailbox moved to the archive.", str(n))
+        assert (done.returncode, done.stdout) == (0, b"%d: bounced 1 recipient\n" % n)
+        daemons.wait_line(r"^end msg %d$" % n)
+        lines = daemons.lines()
+        now_line = "bounce now msg %d: Mailbox_moved_to_the_archive." % n
+        assert lines.index(now_line) < next(i for i, l in enumerate(lines)
+                                            if l.startswith("bounce msg %d qp " % n))
+        bounce = wait_maildir(os.path.join(joe, "Maildir"), 1)[0]
+        assert b"<bob@peer.example>:\nMailbox moved to the archive.\n" in bounce
+        assert b"Subject: failure notice" in bounce
+        usage = ctl(qmail_home, "bounce", str(n))
+        assert usage.returncode == 2 and b"--reason" in usage.stderr
+    finally:
+        daemons.kill()
+
+
+def test_delete_waits_for_delivery_in_flight(qmail_home):
+    """A slow |program delivery is in flight: delete answers once it has finished, and
+    the message's other recipient is never delivered."""
+    users = LocalUsers(qmail_home)
+    work = os.path.dirname(qmail_home.path)
+    fifo = os.path.join(work, "go")
+    os.mkfifo(fifo, 0o666)
+    marker = os.path.join(work, "slow-finished")
+    slow = users.add("slow", maildir=False)
+    users.dotqmail(slow, "", "|read x < %s; echo done > %s\n" % (fifo, marker))
+    os.chmod(work, 0o777)
+    other = users.add("other")
+    qmail_home.control("concurrencylocal", "1\n")
+    daemons = Daemons(qmail_home).start()
+    try:
+        daemons.wait_started()
+        assert qmail_home.queue_message(b"Subject: t\n\nhi\n", b"joe@test.example",
+                                        [b"slow@test.example", b"other@test.example"]).returncode == 0
+        n = msg_number(daemons, "slow@test.example")
+        cdir = os.path.join(qmail_home.queue, "command")
+        with INotify() as ino:
+            ino.add_watch(cdir, flags.MOVED_TO)
+            proc = subprocess.Popen(["qmailctl", "queue", "delete", "--home", qmail_home.path, str(n)],
+                                    env=qmail_home.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            deadline = time.monotonic() + 30
+            while not any(name.endswith(".work") for name in os.listdir(cdir)):
+                assert time.monotonic() < deadline, "qmail-send never claimed the command"
+                ino.read(timeout=1000)
+        assert proc.poll() is None                     # it waits for the delivery in flight
+        assert not os.path.exists(marker)
+        with open(fifo, "w") as f:
+            f.write("go\n")
+        out, err = proc.communicate(timeout=30)
+        assert (proc.returncode, out, err) == (0, b"%d: deleted\n" % n, b"")
+        assert os.path.exists(marker)                  # finished before delete returned
+        lines = daemons.lines()
+        assert re.match(r"delivery \d+: success: ", lines[lines.index("delete msg %d" % n) - 1]) or \
+            any(re.match(r"delivery \d+: success: ", l) for l in lines[:lines.index("delete msg %d" % n)])
+        assert not any(l.endswith(" other@test.example") for l in lines)
+        assert "end msg %d" % n not in lines
+        wait_mess_gone(qmail_home, n)
+        assert os.listdir(os.path.join(other, "Maildir", "new")) == []
+        assert daemons.proc.poll() is None
+    finally:
+        daemons.kill()
+
+
+def test_garbage_in_the_command_channel(qmail_home, peer):
+    daemons = Daemons(qmail_home).start()
+    try:
+        daemons.wait_started()
+        n = deferred_message(qmail_home, daemons, peer, "bob")
+        cdir = os.path.join(qmail_home.queue, "command")
+        junk = {"plain": os.urandom(300), "empty": b"", "badaction": b"action explode\nmsg 1\n",
+                "with.dot": b"action delete\nmsg %d\n" % n, "nonl": b"action delete\nmsg 1",
+                "reasonless": b"action bounce\nmsg %d\n" % n}
+        junk.update(("flood%03d" % i, b"msg x\n" * i) for i in range(150))
+        for name, data in junk.items():
+            with open(os.path.join(cdir, name), "wb") as f:
+                f.write(data)
+        done = ctl(qmail_home, "hold", str(n))          # pulls the trigger: all are read
+        assert (done.returncode, done.stdout) == (0, b"%d: held\n" % n)
+        daemons.wait_for(lambda ls: sum(1 for l in ls if l.startswith("warning: command/")) >= len(junk),
+                         what="a warning per garbage file")
+        warnings = [l for l in daemons.lines() if l.startswith("warning: command/")]
+        assert "warning: command/with.dot: not a command name; ignored" in warnings
+        assert "warning: command/badaction.work: unknown line 'action explode'; ignored" in warnings
+        assert os.listdir(cdir) == []
+        assert daemons.proc.poll() is None
+        assert ctl(qmail_home, "delete", str(n)).returncode == 0
+        wait_mess_gone(qmail_home, n)
+    finally:
+        daemons.kill()
