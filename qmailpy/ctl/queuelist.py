@@ -37,7 +37,8 @@ def run(args):
     seen = set()
     try:
         for record in records(qmail_home(args.home), wanted.numbers):
-            seen.add(record["n"])
+            if wanted.numbers is not None:
+                seen.add(record["n"])        # at most the numbers given
             if not wanted(record):
                 continue
             if args.json:
