@@ -112,15 +112,26 @@ def measure(argv, env):
     return wall, usage.ru_maxrss / 1024, out
 
 
-def report(home, label):
+def report(home, label, walks=True):
+    from qmailpy.ctl.queuesize import sizes
     env = dict(os.environ, QMAILHOME=home)
     ctl = os.path.join(BIN, "qmailctl")
     best = min(measure([ctl, "queue", "size"], env)[0] for _ in range(3))
     wall, rss, out = measure([ctl, "queue", "size"], env)
     print("  %-34s %6.3f s  %6.1f MiB   %s" % ("queue size" + label, best, rss,
                                             " ".join(out.decode().split())))
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        sizes(home)
+        times.append(time.perf_counter() - t)
+    start = min(measure([sys.executable, "-c", "pass"], env)[0] for _ in range(3))
+    print("  %-34s %6.3f s   (an interpreter starting: %.3f s)"
+          % ("queue size in process" + label, min(times), start))
     wall, rss, out = measure([os.path.join(BIN, "qmail-qstat")], env)
     print("  %-34s %6.3f s  %6.1f MiB" % ("qmail-qstat" + label, wall, rss))
+    if not walks:
+        return
     wall, rss, out = measure([ctl, "queue", "list", "--recipient-domain", "d7.example"], env)
     print("  %-34s %6.3f s  %6.1f MiB   %d messages listed"
           % ("queue list --recipient-domain" + label, wall, rss, out.count(b"#")))
@@ -142,7 +153,7 @@ def bench(backend, count, keep):
         report(home, "")
         if backend == "log":
             fill_log(home, 10000, first=5000000, preprocess=False)
-            report(home, " (+10k after counters)")
+            report(home, " (+10k after counters)", walks=False)
     finally:
         if keep:
             print("kept", home)
