@@ -23,9 +23,13 @@ Restart=always does. After --kills kills the injector stops, every retry is forc
   lost         acknowledged but never delivered to a recipient (must be 0)
   unacked      delivered although qmail-queue's acknowledgement never reached the
                injector (its child was killed after the message was durable: allowed)
+  stuck        messages the queue still holds --settle seconds after everything
+               was delivered, retries forced all along (tests/queue_view.leftovers
+               less S2/S3 debris: a message live in the log, or an info/, todo/,
+               local/, remote/ or bounce/ file; must be 0)
 
-Exit status 1 when anything was lost. The same seed gives the same sequence of
-victim choices (what is alive to be chosen depends on timing).
+Exit status 1 when anything was lost or stuck (the home is then kept). The same seed
+gives the same sequence of victim choices (what is alive to be chosen depends on timing).
 """
 import argparse
 import os
@@ -41,6 +45,7 @@ import psutil
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from deliver import make_home, program_name  # noqa: E402
+from queue_view import leftovers  # noqa: E402
 from remote_harness import Smtpd  # noqa: E402
 
 VICTIMS = (("delivery child", 40), ("qmail-queue child", 20), ("qmail-remote", 15),
@@ -102,6 +107,17 @@ def delivered_ids(maildir):
     return ids
 
 
+class Home:
+    """What queue_view.leftovers reads of a home."""
+    def __init__(self, path):
+        self.path, self.queue = path, os.path.join(path, "queue")
+
+
+def stuck_in_queue(home):
+    """Queue entries that are not S2/S3 debris (a mess/ or intd/ file a crash left)."""
+    return [p for p in leftovers(Home(home)) if not p.startswith(("mess/", "intd/"))]
+
+
 def campaign(args, backend):
     base = tempfile.mkdtemp(prefix="qmailpy-kill-")
     os.chmod(base, 0o755)
@@ -152,6 +168,17 @@ def campaign(args, backend):
                     break
                 send.send_signal(signal.SIGALRM)
                 time.sleep(0.5)
+            # settle: everything is delivered; the queue must empty (retries still forced)
+            deadline = time.monotonic() + args.settle
+            while True:
+                if send.poll() is not None:
+                    send = start_send(env, logpath)
+                    restarts += 1
+                stuck = stuck_in_queue(home)
+                if not stuck or time.monotonic() > deadline:
+                    break
+                send.send_signal(signal.SIGALRM)
+                time.sleep(0.5)
             elapsed = time.monotonic() - started
         finally:
             if injector.poll() is None:
@@ -168,13 +195,18 @@ def campaign(args, backend):
     print("== backend %s, seed %d" % (backend, args.seed))
     print("kills: %d (%s); qmail-send restarts: %d; %.0f s" % (
         sum(killed.values()), ", ".join("%s %d" % kv for kv in killed.items()), restarts, elapsed))
-    print("accepted %d, delivered %d, duplicates %d, lost %d, unacked %d" % (
-        len(acked), len(acked) - len(lost), len(everything) - distinct, len(lost), len(unacked)))
+    print("accepted %d, delivered %d, duplicates %d, lost %d, unacked %d, stuck %d" % (
+        len(acked), len(acked) - len(lost), len(everything) - distinct, len(lost), len(unacked),
+        sum(1 for p in stuck if not p.startswith("log/"))))
     if lost:
-        print("lost: %s (kept %s)" % (lost[:20], base))
+        print("lost: %s" % lost[:20])
+    if stuck:
+        print("stuck after %d s: %s" % (args.settle, stuck[:20]))
+    if lost or stuck:
+        print("kept %s (send.log: qmail-send's log)" % base)
     else:
         subprocess.run(["rm", "-rf", base])
-    return len(lost)
+    return len(lost) + len(stuck)
 
 
 def main():
@@ -184,11 +216,13 @@ def main():
     parser.add_argument("--backend", choices=("dir", "log", "both"), default="both")
     parser.add_argument("--rate", type=float, default=100.0, help="messages per second injected")
     parser.add_argument("--drain", type=float, default=600.0, help="seconds allowed to drain")
+    parser.add_argument("--settle", type=float, default=120.0,
+                        help="seconds allowed for the queue to empty once everything is delivered")
     args = parser.parse_args()
-    lost = 0
+    bad = 0
     for backend in (("dir", "log") if args.backend == "both" else (args.backend,)):
-        lost += campaign(args, backend)
-    return 1 if lost else 0
+        bad += campaign(args, backend)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
