@@ -12,6 +12,8 @@ either an event or a bad-input entry:
     bounce  qp                -           -
     triple  -                 -           -
     end     -                 -           -
+    hold, release, requeue, delete   -  -  -      (qmailctl queue: docs/qmail-send.md "Commands")
+    bouncenow  reason         -           -
     restored  segment         offset      "segment offset" of the damage
   n is the message number (None for results), d the delivery id. `restored` is the
   log backend's "state restored" warning (docs/log-queue.md "Damage"): a finding of
@@ -32,8 +34,12 @@ RESULT_LETTER = {"success": "k", "deferral": "z", "failure": "d"}
 # Leading words of the lines qmail-send writes: a line that starts like one of
 # them but does not parse was cut short (truncated), anything else is unknown.
 _KNOWN_STARTS = ("status:", "new msg", "info msg", "starting delivery", "delivery ",
-                 "bounce msg", "triple bounce", "end msg", "alert:", "warning:")
-MESSAGE_KINDS = ("new", "info", "start", "bounce", "triple", "end")
+                 "bounce msg", "triple bounce", "end msg", "alert:", "warning:",
+                 "hold msg", "release msg", "requeue msg", "delete msg", "bounce now msg")
+# logline kinds of qmailctl queue's lines -> event kinds
+COMMAND_KINDS = {"hold msg": "hold", "release msg": "release", "requeue msg": "requeue",
+                 "delete msg": "delete"}
+MESSAGE_KINDS = ("new", "info", "start", "bounce", "triple", "end", "bouncenow") + tuple(COMMAND_KINDS.values())
 _JOURNAL_MARKER = re.compile(r"-- (No entries|Boot [0-9a-f]+|Reboot|Logs begin at .*|"
                              r"Journal begins at .*|Journal started|Journal stopped) --$")
 
@@ -105,6 +111,10 @@ def parse_line(host, rank, index, line):
         event = (host, seq, when, "triple", f["n"], None, None, None, None)
     elif kind == "end msg":
         event = (host, seq, when, "end", f["n"], None, None, None, None)
+    elif kind in COMMAND_KINDS:
+        event = (host, seq, when, COMMAND_KINDS[kind], f["n"], None, None, None, None)
+    elif kind == "bounce now":
+        event = (host, seq, when, "bouncenow", f["n"], None, f["text"], None, None)
     elif kind == "state restored":
         event = (host, seq, when, "restored", f["n"], None, f["seg"], f["off"],
                  "%d %d" % (f["damage_seg"], f["damage_off"]))

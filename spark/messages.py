@@ -31,7 +31,8 @@ LOGGER = "qmail-send"          # the program whose log we read: its moves are al
 ABSENT = next(s for s in states.STATES if not any(states.PRESENCE[s].values()))
 EVENT_NAMES = {"new": "new msg", "info": "info msg", "start": "starting delivery",
                "result": "delivery", "bounce": "bounce msg", "triple": "triple bounce",
-               "end": "end msg"}
+               "end": "end msg", "hold": "hold msg", "release": "release msg",
+               "requeue": "requeue msg", "delete": "delete msg", "bouncenow": "bounce now msg"}
 BIRTH_MATCH = 2.0              # seconds between a `new msg` line and info/ mtime
 
 # qmail-send's retry schedule (docs/qmail-send.md "Scheduling and retries"; send/schedule.py's SKIP:
@@ -233,6 +234,8 @@ def process_group(host, n, items, ctx):
     def check(o, seq, when, kind):
         """Check one logged event against the table; returns False when illegal."""
         before, after = states.LOG_EVENT_TRANSITIONS[EVENT_NAMES[kind]]
+        if kind == "delete" and o.state in states.DELETE_FROM:
+            before = o.state                    # a held message may be deleted too
         path = _implicit_path(o.state, before)
         ok = path is not None and event_move_legal(before, after)
         via = [s for s in path or () if s != after]
@@ -315,6 +318,10 @@ def process_group(host, n, items, ctx):
             occ.bounced += 1
         elif kind == "triple":
             occ.triple += 1
+        elif kind == "delete":
+            # ended by the operator: its failures and its lifetime are no longer owed
+            occ.end_time, occ.end_seq = when, seq
+            occ.late.clear()
         elif kind == "end":
             occ.end_time, occ.end_seq = when, seq
             if occ.failures and not (occ.bounced or occ.triple):

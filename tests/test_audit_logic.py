@@ -121,6 +121,32 @@ def test_preprocessing_redone_is_legal_but_a_live_number_reused_is_not():
     assert _kinds(rows) == ["illegal-transition"]
 
 
+def test_held_and_deleted_messages_are_not_violations():
+    """qmailctl queue's lines (docs/qmail-send.md "Commands"): hold and release move S5 <->
+    HELD, delete ends a message (S5 or HELD -> S1) without end msg, a failure included."""
+    head = ("new msg 9", "info msg 9: bytes 1 from <a@b> qp 9 uid 0",
+            "starting delivery 1: msg 9 to remote x@y", "delivery 1: failure: no/")
+    rows = _run(_log(*head, "hold msg 9", "delete msg 9"))
+    assert _kinds(rows) == []
+    moves = [(t[1][6], t[1][8], t[1][9]) for t in rows if t[0] == "tr"][-2:]
+    assert moves == [(states.S5, states.HELD, True), (states.HELD, states.S1, True)]
+    occ = [r[1] for r in rows if r[0] == "occ"][0]
+    assert occ[9] is True and occ[-1] == states.S1          # ended, in S1
+    rows = _run(_log("new msg 9", "info msg 9: bytes 1 from <a@b> qp 9 uid 0", "hold msg 9",
+                     "release msg 9", "requeue msg 9", "bounce now msg 9: gone_away",
+                     "bounce msg 9 qp 12", "end msg 9"))
+    assert _kinds(rows) == []
+    rows = _run(_log("new msg 9", "info msg 9: bytes 1 from <a@b> qp 9 uid 0", "hold msg 9"))
+    assert _kinds(rows) == ["never-ended"]                    # a notice: still held
+    # what a command cannot do: release a message that is not held, act after delete
+    rows = _run(_log("new msg 9", "info msg 9: bytes 1 from <a@b> qp 9 uid 0", "release msg 9",
+                     "end msg 9"))
+    assert _kinds(rows) == ["illegal-transition"]
+    rows = _run(_log("new msg 9", "info msg 9: bytes 1 from <a@b> qp 9 uid 0", "delete msg 9",
+                     "starting delivery 1: msg 9 to local x@y", "delivery 1: success: ok/"))
+    assert _kinds(rows) == ["delivery-after-end"]
+
+
 def test_lifetime_never_ended_and_snapshot_cross_checks():
     # queuelifetime 100: remote passes at 0, 400 (dying), ...; grace 10 s
     ctx = messages.HostContext(log_start=T0, log_end=T0 + 2000, log_end_exiting=True,

@@ -93,7 +93,12 @@ def test_release_and_unknown_numbers(qmail_home, peer):
         n = deferred_message(qmail_home, daemons, peer, "bob")
         done = ctl(qmail_home, "release", str(n))
         assert done.returncode == 1 and done.stderr == b"qmailctl queue release: %d: not held\n" % n
-        assert ctl(qmail_home, "hold", str(n)).returncode == 0
+        nothing = ctl(qmail_home, "hold", "--recipient-domain", "nowhere.example")
+        assert (nothing.returncode, nothing.stderr) == (1, b"qmailctl queue hold: no message matches\n")
+        usage = ctl(qmail_home, "hold")
+        assert usage.returncode == 2 and b"name the messages" in usage.stderr
+        done = ctl(qmail_home, "hold", "--recipient-domain", PEER)     # the filters select it
+        assert (done.returncode, done.stdout) == (0, b"%d: held\n" % n)
         done = ctl(qmail_home, "release", str(n), "999999999")
         assert done.returncode == 1
         assert done.stdout == b"%d: released\n" % n
