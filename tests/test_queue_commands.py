@@ -236,3 +236,10 @@ def test_garbage_in_the_command_channel(qmail_home, peer):
         wait_mess_gone(qmail_home, n)
     finally:
         daemons.kill()
+
+
+def test_nothing_is_done_without_qmail_send(qmail_home):
+    done = ctl(qmail_home, "delete", "12345")
+    assert (done.returncode, done.stdout) == (111, b"")
+    assert done.stderr == b"qmailctl queue delete: qmail-send is not running; nothing done\n"
+    assert os.listdir(os.path.join(qmail_home.queue, "command")) == []

@@ -136,10 +136,10 @@ def _wait(ino, cdir, name, queue, timeout, action):
             except FileNotFoundError:
                 if os.path.exists(reply):
                     continue
-                _say(action, "qmail-send %s; it finishes the command itself (%s)" % (
-                    "is still carrying out the command, waiting for deliveries in flight"
-                    if running else "stopped while carrying out the command; its next start",
-                    os.path.join(cdir, name + command.WORK)))
+                _say(action, "qmail-send %s: %s" % (
+                    "is still carrying out the command (deliveries in flight); it finishes it"
+                    if running else "stopped while carrying out the command; it finishes it "
+                    "when it starts again", os.path.join(cdir, name + command.WORK)))
             return None
         # the second wake-up bounds a qmail-send that died without answering
         ino.read(timeout=int(min(left, 1.0) * 1000) + 1)

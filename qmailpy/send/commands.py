@@ -19,6 +19,7 @@ from qmailpy.send.clean import CleanerLost
 
 COMMAND_BATCH = 64          # command files read per loop iteration
 TODO_TRIES = 3              # todo scans to wait for before a queued message is answered
+STALE_REPLY = 86400         # seconds; an older unread answer is removed at startup
 
 
 class Open:
@@ -70,6 +71,9 @@ class CommandDesk:
             if taken >= COMMAND_BATCH:
                 self.rescan = True
                 break
+            if name.endswith(command.REPLY) and self.startup:
+                self._drop_stale_reply(name)
+                continue
             if name.startswith(".") or name.endswith(command.REPLY):
                 continue
             if name.endswith(command.WORK):
@@ -90,6 +94,15 @@ class CommandDesk:
                 continue
             self._read(name)
         self.startup = False
+
+    def _drop_stale_reply(self, name):
+        """An answer nobody read for a day: its qmailctl was killed."""
+        path = os.path.join(self.dir, name)
+        try:
+            if os.stat(path).st_mtime < time.time() - STALE_REPLY:
+                os.unlink(path)
+        except OSError:
+            pass
 
     def _work(self, name):
         return os.path.join(self.dir, name + command.WORK)
