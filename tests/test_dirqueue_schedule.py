@@ -68,3 +68,24 @@ def test_run_all_now_and_save_schedule(tmp_path):
     dq.save_schedule([(104, "remote", T + 7)])      # what the caller still holds, and its own
     assert os.stat(held).st_mtime == T + 7
     assert os.stat(waiting).st_mtime == T + 500
+
+
+def test_take_removes_a_message_at_once_and_the_heaps_stay_bounded():
+    """A command on message n (send/commands.py) takes its entries out in O(1): they are
+    never handed out, a new entry for the same number is, and taken entries do not pile up."""
+    from qmailpy.backends.base import Scheduled
+    from qmailpy.backends.dirschedule import DirSchedule
+    s = DirSchedule()
+    for n in range(1, 5001):
+        s.add(Scheduled(n, "remote", T + n))
+    s.add(Scheduled(7, "local", T + 7))
+    assert _offered(s.take(7)) == [(7, "local", T + 7), (7, "remote", T + 7)]
+    assert s.take(7) == []
+    for n in range(8, 4008):
+        s.take(n)
+    assert sum(len(h) for h in s.heaps.values()) < 2 * len(s.index) + 1100
+    s.add(Scheduled(9, "remote", T + 1))                 # the number reused by a new message
+    assert s.next_wakeup(T) == T + 1
+    got = _offered(s.due(T + 10**6, rescan=None))
+    assert [e[0] for e in got] == [1, 2, 3, 4, 5, 6, 9] + list(range(4008, 5001))
+    assert len(s) == 0 and s.next_wakeup(T) is None

@@ -5,8 +5,8 @@ A held message has hold/n, holding the message's birth (info/S/n's mtime) in
 decimal and a LF, so that a marker a real qmail left behind when it finished
 the message cannot hold a later message on the same inode: at startup a marker
 whose birth does not match is removed. Real qmail ignores hold/ and delivers a
-held message. The schedule entries of a held message are parked in memory and
-go back to the schedule on release, at their own times.
+held message. The schedule entries of a held message are parked in memory as
+they come due and go back to the schedule on release, at their own times.
 """
 import os
 
@@ -98,8 +98,7 @@ class DirCommands:
         except OSError:
             raise QueueError("unable to write %s" % rel)
         self._sync_dir_of(rel)
-        self.held[n] = birth
-        self.parked.setdefault(n, []).extend(self.schedule.take(n))
+        self.held[n] = birth                     # due() parks its entries as they come up
 
     def release(self, n):
         self._drop_hold(n)

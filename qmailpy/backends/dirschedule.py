@@ -5,6 +5,11 @@ startup from the channel files' mtimes (docs/qmail-send.md "Startup") and writte
 back to them at each retry and at exit (docs/qmail-send.md "Scheduling and
 retries"). DirQueue owns it and offers its entries through due(), as
 base.QueueBackend describes; qmail-send only holds what it was offered.
+
+`index` holds the due time of each waiting (channel, n): a heap entry that does not
+match it was taken out (a command on the message, take()) and is skipped when it
+comes up, so taking is O(1) however long the queue; the heaps are rebuilt once
+they hold more taken entries than live ones.
 """
 import heapq
 
@@ -19,11 +24,13 @@ RECHECK = "recheck"
 class DirSchedule:
     def __init__(self):
         self.heaps = {c: [] for c in CHANNELS}      # channel -> heap of (due, n)
+        self.index = {}                             # (channel, n) -> due of its live entry
+        self.taken = 0                              # heap entries no longer in index
         self.rechecks = []                          # heap of (due, n)
         self.completions = []                       # n found with no channel left, due now
 
     def __len__(self):
-        return sum(len(h) for h in self.heaps.values()) + len(self.rechecks) + len(self.completions)
+        return len(self.index) + len(self.rechecks) + len(self.completions)
 
     def add(self, entry):
         if entry.channel is None:
@@ -31,6 +38,10 @@ class DirSchedule:
         elif entry.channel == RECHECK:
             heapq.heappush(self.rechecks, (entry.due, entry.n))
         else:
+            key = (entry.channel, entry.n)
+            if key in self.index:
+                self.taken += 1
+            self.index[key] = entry.due
             heapq.heappush(self.heaps[entry.channel], (entry.due, entry.n))
 
     def due(self, now, rescan):
@@ -41,36 +52,54 @@ class DirSchedule:
                 self.add(entry)
         found = [Scheduled(n, None, now) for n in self.completions]
         self.completions = []
+        index = self.index
         for c in CHANNELS:
             heap = self.heaps[c]
             while heap and heap[0][0] <= now:
                 due, n = heapq.heappop(heap)
+                if index.get((c, n)) != due:
+                    self.taken -= 1
+                    continue
+                del index[(c, n)]
                 found.append(Scheduled(n, c, due))
         return found
 
     def next_wakeup(self, now):
         if self.completions:
             return now
+        for c in CHANNELS:
+            heap = self.heaps[c]
+            while heap and self.index.get((c, heap[0][1])) != heap[0][0]:
+                heapq.heappop(heap)
+                self.taken -= 1
         tops = [h[0][0] for h in list(self.heaps.values()) + [self.rechecks] if h]
         return min(tops) if tops else None
 
     def run_all_now(self, now):
         """SIGALRM: every waiting channel is due now (rechecks keep their time)."""
-        for c in CHANNELS:
-            heap = self.heaps[c]
-            self.heaps[c] = [(now, n) for _, n in heap]
-            heapq.heapify(self.heaps[c])
+        for key in self.index:
+            self.index[key] = now
+        self._rebuild()
+
+    def _rebuild(self):
+        """Heaps of the live entries only."""
+        self.heaps = {c: [] for c in CHANNELS}
+        for (c, n), due in self.index.items():
+            self.heaps[c].append((due, n))
+        for heap in self.heaps.values():
+            heapq.heapify(heap)
+        self.taken = 0
 
     def take(self, n):
-        """Remove message n's entries from the schedule and return them (a command on n;
-        one pass over the heaps)."""
+        """Remove message n's entries from the schedule and return them (a command on n)."""
         taken = []
         for c in CHANNELS:
-            heap = self.heaps[c]
-            if any(m == n for _, m in heap):
-                taken.extend(Scheduled(n, c, due) for due, m in heap if m == n)
-                self.heaps[c] = [(due, m) for due, m in heap if m != n]
-                heapq.heapify(self.heaps[c])
+            due = self.index.pop((c, n), None)
+            if due is not None:
+                taken.append(Scheduled(n, c, due))
+                self.taken += 1
+        if self.taken > len(self.index) + 1024:
+            self._rebuild()
         if n in self.completions:
             self.completions = [m for m in self.completions if m != n]
             taken.append(Scheduled(n, None, 0))
@@ -78,6 +107,5 @@ class DirSchedule:
 
     def waiting(self):
         """(n, channel, due) of every waiting channel, for the orderly exit."""
-        for c in CHANNELS:
-            for due, n in self.heaps[c]:
-                yield n, c, due
+        for (c, n), due in self.index.items():
+            yield n, c, due
