@@ -2,6 +2,7 @@
 500-message run, restart each time, and prove that every recipient of every message
 was delivered at least once and that nothing is left in the queue."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,6 +57,24 @@ def crash_ids(maildir):
             head = f.read(4096)
         ids.add(int(head.split(b"X-Crash-Id: ", 1)[1].split(b"\n", 1)[0]))
     return ids
+
+
+def stuck_report(d, left):
+    """The assertion message for a queue that does not empty: what is left and, for the
+    first messages still live in the log, qmail-send's lines about them (run with
+    QMAILPY_KEEP_HOMES=1 to keep the whole home and log)."""
+    lines = d.lines()
+    live = [p for p in left if not p.startswith(("mess/", "intd/"))]
+    out = ["left in the queue: %s (and %d mess/ or intd/ files)" % (live[:10], len(left) - len(live))]
+    for entry in [e for e in left if e.startswith("message ")][:5]:
+        n = entry.split()[1]
+        about = re.compile(r"\bmsg %s(:| |$)" % n)
+        ids = {m.group(1) for m in (re.match(r"starting delivery (\d+): msg %s " % n, line)
+                                   for line in lines) if m}
+        said = [line for line in lines
+                if about.search(line) or line.split(":")[0].split(" ")[-1] in ids]
+        out.append("msg %s: %s" % (n, said[-12:]))
+    return "\n".join(out)
 
 
 def restart(d, home):
@@ -118,7 +137,7 @@ def test_sigkill_each_daemon_during_500_messages(qmail_home):
                 debris = [p for p in left if p.startswith(("mess/", "intd/"))]
                 if left == debris:          # no info/, todo/, local/, remote/ or bounce/ left
                     break
-                assert time.monotonic() < deadline, "left in the queue: %s" % left[:10]
+                assert time.monotonic() < deadline, stuck_report(d, left)
                 d.signal(signal.SIGALRM)
                 ino.read(timeout=500)
             if debris:
