@@ -146,8 +146,7 @@ class CommandDesk:
 
     def _act(self, op, numbers):
         backend = self.send.backend
-        for n in numbers:
-            self._give_back(n)
+        self._give_back(numbers)
         try:
             preprocessed, queued = backend.take(numbers) if numbers else ([], [])
         except QueueError as e:
@@ -191,23 +190,28 @@ class CommandDesk:
         for op in self.waiting.pop(n):
             self._act(op, [n])
 
-    def _give_back(self, n):
-        """Entries of n that qmail-send holds (due passes, the throttle gate's) go back
-        to the backend's schedule, so that the backend alone knows where n stands."""
+    def _give_back(self, numbers):
+        """Entries of these messages that qmail-send holds (due passes, the throttle
+        gate's) go back to the backend's schedule, so that the backend alone knows where
+        each stands. One pass over each channel's heap, however many numbers."""
         send = self.send
-        entries = []
+        wanted = set(numbers)
+        entries = {}
         for ch in send.channels:
-            mine = [due for due, m in ch.heap if m == n]
-            if mine:
-                ch.heap = [(due, m) for due, m in ch.heap if m != n]
+            if any(m in wanted for _, m in ch.heap):
+                for due, m in ch.heap:
+                    if m in wanted:
+                        key = (m, ch.name)
+                        entries[key] = min(due, entries.get(key, due))
+                ch.heap = [(due, m) for due, m in ch.heap if m not in wanted]
                 heapq.heapify(ch.heap)
-                entries.append((ch.name, min(mine)))
             gate = getattr(send, "gate", None)
-            parked = gate.take(ch.name, n) if gate is not None else None
-            if parked is not None:
-                parked.woken = True              # its wake-up must not open a pass
-                entries.append((ch.name, parked.retry))
-        for channel, due in entries:
+            for n in wanted if gate is not None else ():
+                parked = gate.take(ch.name, n)
+                if parked is not None:
+                    parked.woken = True          # its wake-up must not open a pass
+                    entries[(n, ch.name)] = parked.retry
+        for (n, channel), due in entries.items():
             try:
                 send.backend.reschedule(n, channel, due)
             except QueueError as e:
