@@ -143,7 +143,12 @@ def test_sigkill_each_daemon_during_500_messages(qmail_home):
             if debris:
                 old = time.time() - 129600 - 600
                 for p in debris:
-                    os.utime(os.path.join(qmail_home.queue, p), (old, old))
+                    try:
+                        os.utime(os.path.join(qmail_home.queue, p), (old, old))
+                    except FileNotFoundError:
+                        # not debris: the log backend unlinks a finished message's body
+                        # at its next checkpoint (every 5 s), which may come just now
+                        pass
                 assert d.stop() == 0
                 d = Daemons(qmail_home)
                 d.start()
