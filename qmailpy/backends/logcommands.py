@@ -9,35 +9,51 @@ FINISH, synced before the command is answered.
 """
 from qmailpy.backends import logrecords as R
 from qmailpy.backends.base import QueueError
+from qmailpy.backends.logcursor import Cursor
 from qmailpy.backends.loginflight import InFlight
 from qmailpy.backends.logsegments import now as _now
 
 
 class LogCommands:
-    """Mixin of LogQueue: needs active, pending_new, garbage, scan(), _scan_new(),
+    """Mixin of LogQueue: needs active, pending_new, garbage, _segments(), _read_at(), _scan_new(),
     _get(), _settle(), _write_snapshot(), _append() and _supersede()."""
 
     def take(self, numbers):
         wanted = set(numbers) - set(self.active)
         if wanted:
             self._scan_new()
-            found = {}
-            for rec in self.scan(report=False):
-                if rec.n not in wanted:
+            for n, pos in self._live_snapshots(wanted).items():
+                rec = self._read_at(pos)
+                if (rec.type not in R.SNAPSHOTS or pos in self.garbage or n in self.active
+                        or self._flagged_garbage(rec.flags, pos, rec.length)):
                     continue
-                if rec.type in R.SNAPSHOTS:
-                    found[rec.n] = rec
-                elif rec.type == R.FINISH:
-                    found.pop(rec.n, None)
-            for n, rec in found.items():
-                if rec.garbage or rec.pos in self.garbage or n in self.active:
-                    continue
-                a = InFlight(n, rec.pos, rec)
+                a = InFlight(n, pos, rec)
                 a.offered = set()
                 self.active[n] = a
         preprocessed = [n for n in numbers if n in self.active]
         queued = [n for n in numbers if n in self.pending_new and n not in self.active]
         return preprocessed, queued
+
+    def _live_snapshots(self, wanted):
+        """{n: position of its newest snapshot} for the wanted numbers that have one and
+        no FINISH after it: one walk of the log reading only each record's fixed prefix,
+        so memory holds the answer, not the log."""
+        found = {}
+        segments = self._segments()
+        if not segments:
+            return found
+        cur = Cursor(self, (segments[0], R.HEADER_SIZE))
+        while True:
+            head = cur.peek_schedule()
+            if head is None:
+                return found
+            type, _flags, _time, n, _dues, length = head
+            if n in wanted:
+                if type in R.SNAPSHOTS:
+                    found[n] = cur.pos
+                elif type == R.FINISH:
+                    found.pop(n, None)
+            cur.skip(length)
 
     def let_go(self, n):
         a = self.active.get(n)
