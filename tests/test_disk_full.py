@@ -213,16 +213,24 @@ def test_qmail_send_running_on_a_full_queue_loses_nothing(small_fs, queue_backen
         if when == "during deliveries":
             daemons.wait_line(r"^starting delivery ", 10)
             filler = fill(small_fs)
-        time.sleep(5)
+        start = daemons.offset_of_start
+
+        def full_disk_met(lines):       # it failed on the full disk, or it got through every delivery
+            since = lines[start:]
+            return (any(l.startswith("warning: ") for l in since)
+                    or sum(1 for l in since if l.startswith("delivery ")) >= count)
+        daemons.wait_for(full_disk_met, 60, "a warning on the full disk or every delivery's result")
         os.unlink(filler)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        while queued_count(home):
+            assert time.monotonic() < deadline, home.run(["qmail-qread"]).stdout
+            seen = daemons.line_count()
             daemons.signal(signal.SIGALRM)           # qmailctl doqueue
-            if queued_count(home) == 0:
-                break
-            time.sleep(1)
-        time.sleep(1)
-        got = maildir_messages(maildir)
+            try:                                     # until qmail-send has acted on it
+                daemons.wait_for(lambda lines: len(lines) > seen, 2, "a line after doqueue")
+            except AssertionError:
+                pass                                 # nothing to retry yet: ask again
+        got = maildir_messages(maildir)             # delivered before its message left the queue
         lines = daemons.lines()
     finally:
         daemons.kill()
