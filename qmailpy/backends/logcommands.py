@@ -72,6 +72,10 @@ class LogCommands:
         except QueueError:
             a.held = was
             raise
+        try:                                     # on disk before qmail-send answers "held":
+            self.writer.sync_to(*self._tail())   # a power cut must not undo it
+        except OSError as e:
+            raise QueueError("trouble syncing the log: %s" % e.strerror)
 
     def hold(self, n):
         self._rewrite(self._get(n), True)

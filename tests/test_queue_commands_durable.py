@@ -1,0 +1,62 @@
+"""qmailctl queue's actions are on disk before qmail-send answers (docs/qmail-send.md
+"Commands"): the backend calls a command makes, then a power cut that loses every
+unsynced write (docs/log-queue.md "Recovery and checkpoints")."""
+import os
+import struct
+
+from qmailpy.backends.logcommit import list_segments, segment_name
+from qmailpy.backends.logenqueue import enqueue
+from qmailpy.backends.logqueue import LogQueue
+
+from logqueue_harness import make_queue, route
+
+
+def _power_cut(home):
+    """Every append to the log after its last fsync is lost, and the boot changes."""
+    logdir = os.path.join(home, "queue", "log")
+    with open(os.path.join(logdir, "commit"), "r+b") as f:
+        head, end, synced_seg, synced_end = struct.unpack("<QQQQ", f.read(32))
+        f.seek(48)
+        f.write(struct.pack("<Q", 0))           # not this boot: the next writer recovers
+    for seg in list_segments(logdir):
+        path = os.path.join(logdir, segment_name(seg))
+        if seg > synced_seg:
+            os.truncate(path, 0)
+        elif seg == synced_seg:
+            os.truncate(path, synced_end)
+
+
+def _bring(lq, n):
+    bring = getattr(lq, "bring", None)          # the backends' step after take(), where there is one
+    assert bring is None or bring(n)
+
+
+def _waiting_message(tmp_path):
+    home = make_queue(tmp_path)
+    n = enqueue(os.path.join(home, "queue"), b"Subject: hi\n\nhello\n", b"joe@a.example",
+                [b"bob@b.example"])
+    lq = LogQueue(home)
+    lq.startup()
+    assert lq.new_work() == [n]
+    lq.preprocess(n, route)
+    lq.reschedule(n, "remote", 2 ** 31)        # deferred: waiting for a retry
+    lq.checkpoint(force=True)                   # everything so far is on disk
+    return home, lq, n
+
+
+def test_log_hold_is_synced_before_the_answer(tmp_path):
+    home, lq, n = _waiting_message(tmp_path)
+    assert lq.take([n]) == ([n], [])
+    _bring(lq, n)
+    lq.hold(n)                                  # qmail-send answers "held" after this
+    lq.let_go(n)
+    _power_cut(home)
+    lq.close()
+    lq = LogQueue(home)
+    try:
+        lq.startup()
+        assert lq.take([n]) == ([n], [])
+        _bring(lq, n)
+        assert lq.is_held(n)
+    finally:
+        lq.close()
