@@ -95,8 +95,8 @@ def fill_mess(fd, messdir, first, read, not_before=None):
         if not chunk:
             break
     try:
-        if not_before is not None:
-            os.utime(fd, (not_before, not_before))
+        if not_before is not None:        # mtime only: the 36-hour cleanup reads the atime
+            os.utime(fd, ns=(os.fstat(fd).st_atime_ns, not_before * 1000000000))
         os.fsync(fd)
         fsync_dir(messdir)            # mess/S/n must be on disk before todo/n (or ENVELOPE) can be
     except OSError:
