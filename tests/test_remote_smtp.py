@@ -299,3 +299,38 @@ def test_body_encoding_property(parts, chunk):
     assert all(not line.startswith(b".") or line.startswith(b"..") for line in lines)
     expected = message.replace(b"\r\n", b"\n").replace(b"\r", b"\n")[:-1].split(b"\n")
     assert [line[1:] if line.startswith(b".") else line for line in lines] == expected
+
+
+def test_a_quit_that_cannot_be_written_does_not_undo_the_verdict():
+    """The peer takes the message, then cannot be written to (here: it shut down its reading
+    side, so QUIT fails with EPIPE at once, on a real socket pair): still K. A Z "connection
+    died" without "Possible duplicate!" would make qmail-send deliver the message again."""
+    import socket
+    import threading
+    from qmailpy.remote import smtp
+    ours, theirs = socket.socketpair()
+
+    def peer():
+        with theirs, theirs.makefile("rb") as lines:
+            theirs.sendall(b"220 p\r\n")
+            for reply in (b"250 p\r\n", b"250 ok\r\n", b"250 ok\r\n", b"354 go\r\n"):
+                lines.readline()
+                theirs.sendall(reply)
+            while lines.readline() not in (b".\r\n", b""):
+                pass
+            theirs.shutdown(socket.SHUT_RD)
+            theirs.sendall(b"250 taken\r\n")
+    thread = threading.Thread(target=peer)
+    thread.start()
+    r, w = os.pipe()
+    os.write(w, b"Subject: once\n\nonly once\n")
+    os.close(w)
+    records = []
+    try:
+        verdict = smtp.dialogue(smtp.Connection(ours, 30), b"127.0.0.1", b"h.example",
+                                b"a@b.example", [b"joe@x.test"], r, records)
+    finally:
+        os.close(r)
+        thread.join(30)
+    assert records == [b"r"]
+    assert verdict == b"K127.0.0.1 accepted message.\nRemote host said: 250 taken\n"

@@ -262,9 +262,18 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records, polic
                 b"control/timeoutremotesession. "
                 + (b"Possible duplicate! " if critical[0] else b"") + b"(#4.4.2)\n")
 
+    def send_quit():
+        """QUIT, once the verdict is known: neither the deadline nor a failed write may
+        change it (a peer gone after accepting the message must not turn K into Z, a
+        duplicate without the "Possible duplicate!" warning)."""
+        conn.deadline = None
+        try:
+            conn.write(b"QUIT\r\n")   # the peer's answer is not awaited
+        except Dropped:
+            pass
+
     def quit(prepend, append):
-        conn.deadline = None            # the verdict is known: a late QUIT must not change it
-        conn.write(b"QUIT\r\n")       # the peer's answer is not awaited
+        send_quit()
         tls = conn.tls + b"\n" if conn.tls else b""
         return prepend + partner + append + b".\n" + tls + conn.said()
 
@@ -281,11 +290,7 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records, polic
 
     def tls_failed(why, said=b""):
         """TryNext after a QUIT that nothing may stop."""
-        conn.deadline = None
-        try:
-            conn.write(b"QUIT\r\n")
-        except Dropped:
-            pass
+        send_quit()
         return TryNext(b"ZConnected to " + partner + b" but " + why + b". (#4.7.5)\n" + said)
 
     try:
@@ -326,8 +331,7 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records, polic
             mail_params = b""
             if needs_smtputf8(sender, recipients):
                 if b"SMTPUTF8" not in ext:
-                    conn.deadline = None
-                    conn.write(b"QUIT\r\n")
+                    send_quit()
                     return (b"DSorry, " + partner + b" does not support SMTPUTF8 and an address is "
                             b"not ASCII: 553 5.6.7 non-ASCII addresses are not permitted for that "
                             b"recipient. (#5.6.7)\n")
