@@ -268,6 +268,7 @@ class DirQueue(DirPreprocessing, DirCommands, QueueBackend):
             os.unlink(self._path(rel))
         except OSError:
             raise QueueError("unable to unlink %s; will try again later" % rel)
+        self.schedule.drop(n, channel)
         return self.channels_left(n)
 
     def reschedule(self, n, channel, when):

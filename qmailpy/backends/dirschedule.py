@@ -105,6 +105,14 @@ class DirSchedule:
             taken.append(Scheduled(n, None, 0))
         return taken
 
+    def drop(self, n, channel):
+        """Message n's entry for channel, if it waits, leaves the schedule (its file is gone:
+        qmailctl queue bounce finishes channels whose retry was still ahead)."""
+        if self.index.pop((channel, n), None) is not None:
+            self.taken += 1
+            if self.taken > len(self.index) + 1024:
+                self._rebuild()
+
     def waiting(self):
         """(n, channel, due) of every waiting channel, for the orderly exit."""
         for (c, n), due in self.index.items():
