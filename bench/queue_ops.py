@@ -12,11 +12,15 @@ dir  N messages (default 100,000) as qmail's files: mess/S/n (empty; n its inode
      info/S/n, remote/S/n.
 
 Then, each in a fresh process: `qmailctl queue size` (wall time, best of 3), `qmail-qstat`,
-`qmailctl queue list --recipient-domain d7.example` and `qmailctl queue shape` (wall
+`qmailctl queue list --recipient-domain d7.g7.example` and `qmailctl queue shape` (wall
 time and peak RSS from wait4). On the log backend also after 10,000 more ENVELOPEs
 appended behind the counters (qmail-queue while qmail-send is down).
 
-Usage: .venv/bin/python bench/queue_ops.py [log|dir|both] [--messages N] [--keep]
+With --delete (log), qmail-send is then started on that queue and `qmailctl queue
+delete --recipient-domain .g3.example` removes a tenth of it through qmail-send's
+command channel, with qmail-send's RSS before, at its peak and after.
+
+Usage: .venv/bin/python bench/queue_ops.py [log|dir|both] [--messages N] [--keep] [--delete]
 (BENCH_DIR chooses where the home is made.)
 """
 import argparse
@@ -32,7 +36,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 BIN = os.path.dirname(os.path.abspath(sys.executable))
 DOMAINS = 1000
+GROUPS = 10
 BATCH = 1000
+
+
+def rcpt(n):
+    """One of DOMAINS domains, in GROUPS groups: --recipient-domain .gK.example matches a tenth."""
+    return b"rcpt%d@d%d.g%d.example" % (n, n % DOMAINS, n % DOMAINS % GROUPS)
 
 
 def make_home(backend):
@@ -55,7 +65,7 @@ def fill_log(home, count, first=1000000, preprocess=True):
     for start in range(0, count, BATCH):
         numbers = range(first + start, first + min(count, start + BATCH))
         envelopes = [R.encode_envelope(now, n, 1000, 4242, b"sender%d@bench.example" % n,
-                                       [b"rcpt%d@d%d.example" % (n, n % DOMAINS)]) for n in numbers]
+                                       [rcpt(n)]) for n in numbers]
         seg, offset = writer.append(b"".join(envelopes))
         if not preprocess:
             continue
@@ -64,7 +74,7 @@ def fill_log(home, count, first=1000000, preprocess=True):
             snapshots.append(R.encode_snapshot(
                 R.PREPROCESSED, now, n, (seg, offset), now, 4242, 1000, 2100,
                 b"sender%d@bench.example" % n, b"", (),
-                {"remote": (now + 365 * 86400, [(False, b"rcpt%d@d%d.example" % (n, n % DOMAINS))])}))
+                {"remote": (now + 365 * 86400, [(False, rcpt(n))])}))
             offset += len(env)
         writer.append(b"".join(snapshots))
     writer.sync_all()
@@ -81,7 +91,7 @@ def fill_dir(home, count):
         s = n % 23
         os.rename(tmp, "%s/mess/%d/%d" % (queue, s, n))
         for kind, data in (("info", b"Fsender%d@bench.example\0" % n),
-                           ("remote", b"Trcpt%d@d%d.example\0" % (n, n % DOMAINS))):
+                           ("remote", b"T" + rcpt(n) + b"\0")):
             fd = os.open("%s/%s/%d/%d" % (queue, kind, s, n), os.O_WRONLY | os.O_CREAT, 0o600)
             os.write(fd, data)
             os.close(fd)
@@ -132,14 +142,56 @@ def report(home, label, walks=True):
     print("  %-34s %6.3f s  %6.1f MiB" % ("qmail-qstat" + label, wall, rss))
     if not walks:
         return
-    wall, rss, out = measure([ctl, "queue", "list", "--recipient-domain", "d7.example"], env)
+    wall, rss, out = measure([ctl, "queue", "list", "--recipient-domain", "d7.g7.example"], env)
     print("  %-34s %6.3f s  %6.1f MiB   %d messages listed"
           % ("queue list --recipient-domain" + label, wall, rss, out.count(b"#")))
     wall, rss, out = measure([ctl, "queue", "shape", "-n", "3"], env)
     print("  %-34s %6.3f s  %6.1f MiB" % ("queue shape -n 3" + label, wall, rss))
 
 
-def bench(backend, count, keep):
+def delete_while_running(home):
+    """qmail-send started on the filled log queue; `qmailctl queue delete` of a tenth of it
+    (--recipient-domain .g3.example): wall time, and qmail-send's RSS before, at its peak
+    during the delete (sampled every 50 ms) and after."""
+    import psutil
+    env = dict(os.environ, QMAILHOME=home)
+    ctl = os.path.join(BIN, "qmailctl")
+    subprocess.run([ctl, "start"], env=env, check=True, stdout=subprocess.DEVNULL)
+    try:
+        with open(os.path.join(home, "log", "qmail-send.pid")) as f:
+            send = psutil.Process(int(f.read()))
+        t = time.perf_counter()
+        log = os.path.join(home, "log", "qmail-send.log")
+        while b"status: local" not in open(log, "rb").read():
+            time.sleep(0.2)
+        print("  qmail-send started and recovered in %.1f s" % (time.perf_counter() - t))
+        before = send.memory_info().rss
+        peak = [before]
+        t = time.perf_counter()
+        proc = subprocess.Popen([ctl, "queue", "delete", "--recipient-domain", ".g3.example",
+                                 "--timeout", "7200"], env=env, stdout=subprocess.DEVNULL)
+
+        def sample():
+            while proc.poll() is None:
+                peak[0] = max(peak[0], send.memory_info().rss)
+                time.sleep(0.05)
+        import threading
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        proc.wait()
+        sampler.join()
+        wall = time.perf_counter() - t
+        after = send.memory_info().rss
+        deleted = open(log, "rb").read().count(b" delete msg ")
+        print("  %-34s %6.1f s   %d deleted (exit %d); qmail-send RSS %.1f MiB before, "
+              "%.1f peak, %.1f after" % ("queue delete (a tenth, running)", wall, deleted,
+                                          proc.returncode, before / 2**20, peak[0] / 2**20,
+                                          after / 2**20))
+    finally:
+        subprocess.run([ctl, "stop"], env=env, stdout=subprocess.DEVNULL)
+
+
+def bench(backend, count, keep, delete):
     base, home = make_home(backend)
     try:
         t = time.perf_counter()
@@ -152,6 +204,8 @@ def bench(backend, count, keep):
                   % done.stdout.strip())
         report(home, "")
         if backend == "log":
+            if delete:
+                delete_while_running(home)
             fill_log(home, 10000, first=5000000, preprocess=False)
             report(home, " (+10k after counters)", walks=False)
     finally:
@@ -166,9 +220,12 @@ def main():
     p.add_argument("backend", nargs="?", default="both", choices=("log", "dir", "both"))
     p.add_argument("--messages", type=int, help="messages to fill (log 1,000,000; dir 100,000)")
     p.add_argument("--keep", action="store_true", help="keep the home")
+    p.add_argument("--delete", action="store_true",
+                   help="log: then start qmail-send and delete a tenth of the queue through it")
     args = p.parse_args()
     for backend in ("log", "dir") if args.backend == "both" else (args.backend,):
-        bench(backend, args.messages or (1000000 if backend == "log" else 100000), args.keep)
+        bench(backend, args.messages or (1000000 if backend == "log" else 100000), args.keep,
+              args.delete)
 
 
 if __name__ == "__main__":

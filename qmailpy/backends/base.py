@@ -212,8 +212,14 @@ class QueueBackend(ABC):
     # and none of whose scheduled entries it holds.
     @abstractmethod
     def take(self, numbers):
-        """(preprocessed, queued): the numbers in S5 (ready for the calls below and the
-        delivery calls until let_go()) and those still in S4."""
+        """(preprocessed, queued): the numbers in S5 and those still in S4. Each
+        preprocessed number is then brought in with bring(), one at a time, so that a
+        command naming many messages never holds them all in memory."""
+
+    @abstractmethod
+    def bring(self, n):
+        """Ready message n, which take() found in S5, for the calls below and the delivery
+        calls until let_go(); False if it is no longer there."""
 
     @abstractmethod
     def let_go(self, n):

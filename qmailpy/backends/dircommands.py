@@ -77,6 +77,9 @@ class DirCommands:
                 preprocessed.append(n)
         return preprocessed, queued
 
+    def bring(self, n):
+        return True                 # its files are the message: nothing to load
+
     def let_go(self, n):
         pass
 

@@ -59,6 +59,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
         self._writer = None
         self._fds = {}
         self.active = {}
+        self.taken = {}               # n -> live snapshot position, found by a command's take()
         self.pending_new = {}
         self.live = {}
         self.garbage = set()          # superseded positions whose flag is not yet written

@@ -159,6 +159,9 @@ class CommandDesk:
             if n in op.results:
                 continue
             if n in preprocessed:
+                if not self._bring(n):
+                    op.results[n] = (command.NONE, "not in queue")
+                    continue
                 op.results[n] = self._carry_out(op.command, n)
                 backend.let_go(n)
             elif n in queued and op.tries < TODO_TRIES:
@@ -173,6 +176,13 @@ class CommandDesk:
             self.send.nexttodorun = self.send.now
         if op.complete():
             self._answer(op)
+
+    def _bring(self, n):
+        try:
+            return self.send.backend.bring(n)
+        except QueueError as e:
+            self.send.warn(str(e))
+            return False
 
     def _busy(self, n):
         for ch in self.send.channels:
