@@ -11,6 +11,7 @@ Each action is logged as one line per message (logline.command_msg, bounce_now).
 """
 import heapq
 import os
+import stat
 import time
 
 from qmailpy import command, logline
@@ -115,12 +116,23 @@ class CommandDesk:
             pass
 
     def _read(self, name):
+        # Never a link followed, nor an open or a read that blocks (a FIFO): a regular file only.
         try:
-            with open(self._work(name), "rb") as f:
+            fd = os.open(self._work(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as e:
+            self._garbage(name + command.WORK, "unable to read: %s" % e.strerror)
+            return
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                self._garbage(name + command.WORK, "not a regular file")
+                return
+            with open(fd, "rb", closefd=False) as f:
                 data = f.read(command.MAX_COMMAND + 1)
         except OSError as e:
             self._garbage(name + command.WORK, "unable to read: %s" % e.strerror)
             return
+        finally:
+            os.close(fd)
         try:
             if len(data) > command.MAX_COMMAND:
                 raise command.CommandError("too long")
