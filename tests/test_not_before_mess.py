@@ -26,3 +26,15 @@ def test_not_before_sets_mtime_not_atime(qmail_home):
     st = os.stat(mess)
     assert int(st.st_mtime) == not_before
     assert before - 1 <= st.st_atime <= time.time() + 1
+
+
+def test_deliver_after_a_time_already_past_queues_the_message(qmail_home):
+    """-O DeliverAfter= with a time before 1970 is in the past like any other: the message
+    is queued for delivery now, its body dated now (it was refused by qmail-queue as a
+    temporary failure, exit 75: a negative $QMAILNOTBEFORE is not digits)."""
+    before = time.time()
+    done = qmail_home.run(["sendmail", "-O", "DeliverAfter=1900-01-01T00:00:00Z", "bench@test.example"],
+                          input=MSG)
+    assert (done.returncode, done.stderr) == (0, b"")
+    mess, = _mess_files(qmail_home.queue)
+    assert before - 1 <= os.stat(mess).st_mtime <= time.time() + 1

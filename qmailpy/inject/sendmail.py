@@ -69,16 +69,20 @@ def parse(argv):
 
 def deliver_after(text, now=None):
     """-O DeliverAfter=: `+SECONDS` from now (RFC 4865's HOLDFOR) or a UTC time
-    `YYYY-MM-DDTHH:MM:SSZ` (its HOLDUNTIL); epoch seconds, UsageError otherwise."""
+    `YYYY-MM-DDTHH:MM:SSZ` (its HOLDUNTIL); epoch seconds (None for a time already past),
+    UsageError otherwise."""
     import time
     now = time.time() if now is None else now
     if text[:1] == "+" and text[1:].isascii() and text[1:].isdigit() and len(text) <= 11:
         return int(now) + int(text[1:])
     import calendar
     try:
-        return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ"))
+        when = calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ"))
     except ValueError:
         raise UsageError("bad -O DeliverAfter=%s: want +SECONDS or YYYY-MM-DDTHH:MM:SSZ" % text) from None
+    # A time already past holds nothing: no $QMAILNOTBEFORE (one before 1970 is not digits,
+    # and a past mtime would make the body look years old to the oldest-message metric).
+    return when if when > now else None
 
 
 def inject_environment(environ, req):
