@@ -25,6 +25,9 @@ import os, sys, time
 user, password = os.read(3, 512).split(b"\\0")[:2]
 if user == b"hang":
     time.sleep(600)
+if user == b"leave":                    # out of the process group qmail-smtpd kills
+    os.setpgid(0, os.getpgid(os.getppid()))
+    time.sleep(600)
 sys.exit(0 if (user, password) == (b"alice", b"s3cret") else 1)
 """ % sys.executable
 
@@ -305,6 +308,17 @@ def test_a_hanging_checkpassword_is_killed_and_answered_454(tls_home, certs):
         # SMTPAUTH without "!": mail is taken without AUTH, but not relayed
         assert s.command(b"MAIL FROM:<a@b.example>\r\n") == b"250 ok\r\n"
         assert s.command(b"RCPT TO:<bob@far.example>\r\n").startswith(b"553 ")
+
+
+def test_a_hanging_checkpassword_that_left_its_process_group_is_still_killed(tls_home, certs):
+    """killpg finds nobody (ESRCH; EPERM for a setuid program that made itself root):
+    the session must not then wait for the program for as long as it runs."""
+    with tls_session(tls_home, certs, SMTPAUTH="") as s:
+        assert s.command(b"AUTH PLAIN AGxlYXZlAHg=\r\n") == (     # user "leave"
+            b"454 temporary authentication failure (#4.7.0)\r\n")
+        checkpw = os.path.join(tls_home.path, "checkpw")
+        assert not [p for p in psutil.process_iter(["cmdline"]) if checkpw in (p.info["cmdline"] or [])]
+        assert s.command(b"NOOP\r\n") == b"250 ok\r\n"
 
 
 # --- SMTPUTF8 -------------------------------------------------------------------------------

@@ -93,11 +93,18 @@ def _verdict(pid, timeout):
         poller = select.poll()
         poller.register(pidfd, select.POLLIN)
         if not poller.poll(int(timeout * 1000)):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
-            os.waitpid(pid, 0)
+            # The group, and the program itself should it have left the group; one that
+            # cannot be signalled (a setuid program that made itself root) is not waited
+            # for: the session would hang as long as it does.
+            killed = False
+            for kill, target in ((os.killpg, pid), (os.kill, pid)):
+                try:
+                    kill(target, signal.SIGKILL)
+                    killed = True
+                except OSError:
+                    pass
+            if killed:
+                os.waitpid(pid, 0)
             return TEMPORARY
     finally:
         os.close(pidfd)
