@@ -18,7 +18,8 @@ A command file is ASCII lines:
   msg N               once per message number
 
 A reply has one line per number, `N RESULT TEXT`, RESULT one of RESULTS: `done`
-(carried out) or `none` (not carried out: TEXT says why). A file that does not
+(carried out), `none` (not carried out: TEXT says why) or `later` (not carried out
+for a reason that passes: a queue error, a message not yet preprocessed; try again). A file that does not
 parse is logged by qmail-send, removed and not answered.
 """
 import os
@@ -28,8 +29,8 @@ from qmailpy.fileio import fsync_dir, write_all
 COMMAND_DIR = "command"
 ACTIONS = ("delete", "hold", "release", "requeue", "bounce")
 WORK, REPLY = ".work", ".reply"
-DONE, NONE = "done", "none"
-RESULTS = (DONE, NONE)
+DONE, NONE, LATER = "done", "none", "later"
+RESULTS = (DONE, NONE, LATER)
 MAX_COMMAND = 16 * 1024 * 1024     # bytes; a longer file is garbage
 MAX_REASON = 1000
 

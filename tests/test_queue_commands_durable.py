@@ -9,6 +9,8 @@ from qmailpy.backends.logenqueue import enqueue
 from qmailpy.backends.logqueue import LogQueue
 
 from logqueue_harness import make_queue, route
+from send_harness import Daemons
+from test_queue_commands import ctl, deferred_message, peer  # noqa: F401  (fixture)
 
 
 def _power_cut(home):
@@ -60,3 +62,18 @@ def test_log_hold_is_synced_before_the_answer(tmp_path):
         assert lq.is_held(n)
     finally:
         lq.close()
+
+
+def test_a_queue_error_is_a_temporary_failure(qmail_home, peer):  # noqa: F811
+    """(directory backend) hold cannot write hold/n (the directory is gone): qmail-send answers that it did
+    not, for a reason that passes, and qmailctl exits 111 (not 1, 'not held'-like)."""
+    daemons = Daemons(qmail_home).start()
+    try:
+        daemons.wait_started()
+        n = deferred_message(qmail_home, daemons, peer, "bob")
+        os.rmdir(os.path.join(qmail_home.queue, "hold"))
+        done = ctl(qmail_home, "hold", str(n))
+        assert (done.returncode, done.stdout) == (111, b"")
+        assert done.stderr.startswith(b"qmailctl queue hold: %d: queue error: " % n), done.stderr
+    finally:
+        daemons.kill()

@@ -6,9 +6,10 @@ qmailctl writes one command into queue/command/, pulls the trigger and waits for
 qmail-send's answer, one line per message: those acted on go to stdout, the others
 to stderr with the reason. Exit codes: 0 every message acted on; 1 some were not
 (not in the queue, not held, ...) or a filter matched none; 2 bad usage; 111
-nothing was done because qmail-send is not running or did not take the command in
---timeout seconds, or qmail-send stopped or is still busy with it (said on stderr:
-it finishes the command itself).
+some were not for a reason that passes (a queue error, not yet preprocessed: try
+again), or nothing was done because qmail-send is not running or did not take the
+command in --timeout seconds, or qmail-send stopped or is still busy with it (said
+on stderr: it finishes the command itself).
 """
 import fcntl
 import os
@@ -110,7 +111,7 @@ def run(args):
             print("%d: %s" % (n, text))
         else:
             _say(action, "%d: %s" % (n, text))
-            status = EXIT_NOT_DONE
+            status = EXIT_TEMP if result == command.LATER or status == EXIT_TEMP else EXIT_NOT_DONE
     return status
 
 

@@ -165,7 +165,7 @@ class CommandDesk:
             self.send.warn(str(e))
             preprocessed, queued = [], []
             for n in numbers:
-                op.results[n] = (command.NONE, "queue error; try again")
+                op.results[n] = (command.LATER, "queue error; try again")
         preprocessed, queued = set(preprocessed), set(queued)
         for n in numbers:
             if n in op.results:
@@ -179,7 +179,7 @@ class CommandDesk:
             elif n in queued and op.tries < TODO_TRIES:
                 op.todo.add(n)                   # answered after a todo scan
             elif n in queued:
-                op.results[n] = (command.NONE, "not yet preprocessed; try again")
+                op.results[n] = (command.LATER, "not yet preprocessed; try again")
             else:
                 op.results[n] = (command.NONE, "not in queue")
         if op.todo and op not in self.todo_wait:
@@ -271,10 +271,10 @@ class CommandDesk:
             return self._bounce(n, cmd.reason)
         except QueueError as e:
             send.warn(str(e))
-            return command.NONE, "queue error: %s" % e
+            return command.LATER, "queue error: %s" % e
         except CleanerLost:
             send.cleandied()
-            return command.NONE, "qmail-clean lost"
+            return command.LATER, "qmail-clean lost"
 
     def _bounce(self, n, reason):
         """Fail every pending recipient with `reason`, through qmail's bounce path."""
