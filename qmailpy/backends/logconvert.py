@@ -16,6 +16,7 @@ import os
 from qmailpy import envelope, states
 from qmailpy.backends import logrecords as R
 from qmailpy.backends.logcommit import LOG_DIR, LogWriter, fsync_dir, list_segments, segment_name
+from qmailpy.backends.logcounts import COUNTS
 from qmailpy.backends.logqueue import LogQueue
 from qmailpy.backends.logrecovery import CHECKPOINT
 from qmailpy.fileio import write_all
@@ -40,8 +41,19 @@ def _numbers(d):
 
 # --- one normal form for both backends --------------------------------------------
 
+def _dir_held(queue, n, path):
+    """True when hold/n holds message n (its marker names the birth: dircommands.py)."""
+    try:
+        with open(os.path.join(queue, HOLD_DIR, str(n)), "rb") as f:
+            marked = f.read(32)
+    except FileNotFoundError:
+        return False
+    return marked == b"%d\n" % int(os.stat(path).st_mtime)
+
+
 def dir_messages(queue):
-    """{n: (state, sender, {channel: [(done, addr)]}, notes, extra)} of a directory queue."""
+    """{n: (state, sender, {channel: [(done, addr)]}, notes, extra)} of a directory queue;
+    extra is (uid, pid) in S4 and whether the message is held (qmailctl queue hold) in S5."""
     out = {}
     for n in _numbers(os.path.join(queue, "todo")):
         todo = envelope.parse_todo(_read(os.path.join(queue, "todo", str(n))))
@@ -64,7 +76,7 @@ def dir_messages(queue):
                 notes = _read(os.path.join(queue, "bounce", str(n)))
             except FileNotFoundError:
                 notes = b""
-            out[n] = (states.S5, sender, chans, notes, None)
+            out[n] = (states.S5, sender, chans, notes, _dir_held(queue, n, path))
     return out
 
 
@@ -79,13 +91,14 @@ def log_messages(lq):
         chans = {}
         for c, (_, rcpts) in rec.channels.items():
             chans[c] = [(done or (c, i) in m["done"], a) for i, (done, a) in enumerate(rcpts)]
-        out[n] = (states.S5, rec.sender, chans, m["notes"], None)
+        out[n] = (states.S5, rec.sender, chans, m["notes"], bool(rec.held))
     return out
 
 
 def _same(a, b):
     """Messages of a that are missing or different in b (by number)."""
-    return sorted(n for n in a if a[n][:4] != (b.get(n) or (None,))[:4])
+    return sorted(n for n in a if a[n][:4] != (b.get(n) or (None,))[:4]
+                  or (a[n][0] == states.S5 and a[n][4] != b[n][4]))
 
 
 # --- progress ----------------------------------------------------------------------
@@ -115,6 +128,7 @@ class Progress:
 
 # --- dir -> log ---------------------------------------------------------------------
 
+HOLD_DIR = "hold"                     # qmailctl queue hold's markers on the dir backend
 ENVELOPE_DIRS = ("todo", "intd", "bounce") + tuple(
     "%s/%d" % (kind, s) for kind in ("info",) + CHANNELS for s in range(SPLIT))
 
@@ -147,7 +161,7 @@ def dir_to_log(home, progress=None, step=_no_step):
                     due = int(os.stat(os.path.join(queue, relpath(c, n))).st_mtime)
                     channels[c] = (due, rcpts)
                 writer.append(R.encode_snapshot(R.PREPROCESSED, birth, n, R.NOWHERE, birth, 0, 0, size,
-                                                sender, notes, (), channels))
+                                                sender, notes, (), channels, held=extra))
             bar.step()
         writer.sync_all()
     finally:
@@ -174,17 +188,23 @@ def remove_dir(queue, step=_no_step):
         fsync_dir(path)
         if i == len(ENVELOPE_DIRS) // 2:
             step("source-half")
+    hold = os.path.join(queue, HOLD_DIR)
+    names = _numbers(hold)
+    for n in names:
+        os.unlink(os.path.join(hold, str(n)))
+    if names:
+        fsync_dir(hold)
 
 
 def remove_log(queue, step=_no_step):
-    """Remove the log backend's segments, checkpoint and commit word."""
+    """Remove the log backend's segments, checkpoint, counts and commit word."""
     logdir = os.path.join(queue, LOG_DIR)
     segments = list_segments(logdir)
     for i, seg in enumerate(segments):
         os.unlink(os.path.join(logdir, segment_name(seg)))
         if i == len(segments) // 2:
             step("source-half")
-    for name in (CHECKPOINT, "commit"):
+    for name in (CHECKPOINT, COUNTS, "commit"):
         try:
             os.unlink(os.path.join(logdir, name))
         except FileNotFoundError:
@@ -232,6 +252,7 @@ def log_to_dir(home, progress=None, step=_no_step):
     lq.recover()                      # reconciles half-finished passes first
     latest = lq.latest_states()
     source = log_messages(lq)
+    held = False
     bar = Progress(len(latest), "converting to dir", progress)
     try:
         for i, n in enumerate(sorted(latest)):
@@ -253,10 +274,16 @@ def log_to_dir(home, progress=None, step=_no_step):
                     _write_file(os.path.join(queue, "bounce", str(n)), m["notes"])
                 _write_file(os.path.join(queue, relpath("info", n)), envelope.info_bytes(rec.sender),
                             rec.birth)
+                if rec.held:
+                    if not held and not os.path.isdir(os.path.join(queue, HOLD_DIR)):
+                        os.mkdir(os.path.join(queue, HOLD_DIR), 0o700)   # a home older than hold/
+                        _own_like(os.path.join(queue, HOLD_DIR), os.path.join(queue, "bounce"))
+                    _write_file(os.path.join(queue, HOLD_DIR, str(n)), b"%d\n" % rec.birth)
+                    held = True
             bar.step()
     finally:
         bar.end()
-    for d in ENVELOPE_DIRS:
+    for d in ENVELOPE_DIRS + ((HOLD_DIR,) if held else ()):
         fsync_dir(os.path.join(queue, d))
     target = dir_messages(queue)
     bad = _same(source, target)
