@@ -132,8 +132,9 @@ def test_opportunistic_without_starttls_goes_in_clear(qmail_home):
 @pytest.mark.parametrize("after", [("close",), ("read", 10), ("hang",)])
 def test_peer_drops_mid_handshake(qmail_home, after):
     """Cut before or in the middle of the handshake, or a handshake that never ends
-    (timeoutremote bounds it)."""
+    (timeoutremote bounds it); under a required policy, so no clear retry follows."""
     qmail_home.control("timeoutremote", "1\n")
+    qmail_home.control("tlsdestinations", "x.test\n")
     script = [("send", b"220 p ESMTP\r\n"), ("line",), ("send", b"250-p\r\n250 STARTTLS\r\n"),
               ("line",), ("send", b"220 go ahead\r\n"), after, ("close",)]
     with ScriptedPeer(script) as peer:
@@ -172,7 +173,32 @@ def test_tls_failure_tries_the_next_address(qmail_home, certs):
     assert len(good.transactions) == 1 and good.transactions[0].tls is not None
 
 
+def test_opportunistic_tls_that_fails_is_retried_in_clear(qmail_home):
+    """A peer that offers STARTTLS but cannot finish a handshake (its TLS context has no
+    certificate) gets the message on a second connection, in clear."""
+    broken = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with Smtpd(tls_context=broken) as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
+    assert records[-1] == b"K127.0.0.1 accepted message.\nRemote host said: 250 2.0.0 Ok: queued\n"
+    [transaction] = peer.transactions
+    assert transaction.tls is None
+
+
+def test_required_tls_that_fails_is_not_retried_in_clear(qmail_home):
+    broken = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)           # no certificate
+    qmail_home.control("tlsdestinations", "x.test\n")
+    with Smtpd(tls_context=broken) as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
+    [record] = records
+    assert record.startswith(b"ZConnected to 127.0.0.1 but the TLS handshake failed: "), record
+    assert peer.transactions == []
+
+
 def test_starttls_refused_is_temporary(qmail_home):
+    """Under a required policy (opportunistically, the clear retry would follow)."""
+    qmail_home.control("tlsdestinations", "x.test\n")
     script = [("send", b"220 p\r\n"), ("line",), ("send", b"250-p\r\n250 STARTTLS\r\n"),
               ("line",), ("send", b"454 4.7.0 TLS not available\r\n")]
     with ScriptedPeer(script) as peer:

@@ -153,30 +153,34 @@ def deliver(args, home, messfd=0, lookup=None, now=None, pid=None):
     required, cafile = tls.find_policy(controls.tlsdestinations, args[0])
     table = Table(now=now, pid=pid)
     failure = TEMP_NOCONN
+    import time
     for _, ip, name in eligible:
         if table.suppressed(ip):
             continue
         partner = dns.format_ip(ip)
-        sock, timed_out = smtp.connect(partner.decode("ascii"), port, controls.timeoutconnect,
-                                       controls.sources.get(len(ip)))
-        if sock is None:
-            table.record(ip, timed_out)
-            continue
-        table.record(ip, False)
-        records = []
-        import time
-        deadline = time.monotonic() + controls.session if controls.session else None
-        conn = smtp.Connection(sock, controls.timeout, deadline)
         policy = tls.Policy(required, cafile,
                             [n for n in (name, args[0]) if cert_name(n)])
-        try:
-            verdict = smtp.dialogue(conn, partner, controls.helohost, sender, recipients,
-                                    messfd, records, policy)
-        except smtp.TryNext as e:
-            failure = e.args[0]
-            continue
-        records.append(verdict)
-        return records
+        # Opportunistic TLS that fails (STARTTLS refused, a handshake that breaks) is
+        # retried on a new connection in clear, as Postfix's "may" level does: a peer with
+        # a broken TLS stack must not see its mail bounce after queuelifetime.
+        for use_tls in (True,) if required else (True, False):
+            sock, timed_out = smtp.connect(partner.decode("ascii"), port, controls.timeoutconnect,
+                                           controls.sources.get(len(ip)))
+            if sock is None:
+                table.record(ip, timed_out)
+                break
+            table.record(ip, False)
+            records = []
+            deadline = time.monotonic() + controls.session if controls.session else None
+            conn = smtp.Connection(sock, controls.timeout, deadline)
+            try:
+                verdict = smtp.dialogue(conn, partner, controls.helohost, sender, recipients,
+                                        messfd, records, policy, use_tls)
+            except smtp.TryNext as e:
+                failure = e.args[0]
+                continue
+            records.append(verdict)
+            return records
     return [failure]
 
 

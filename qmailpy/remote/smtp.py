@@ -244,13 +244,15 @@ def needs_smtputf8(sender, recipients):
     return any(max(a, default=0) >= 0x80 for a in (sender, *recipients))
 
 
-def dialogue(conn, partner, helohost, sender, recipients, messfd, records, policy=None):
+def dialogue(conn, partner, helohost, sender, recipients, messfd, records, policy=None,
+             use_tls=True):
     """Talk to the peer; append r/h/s records to `records`; return the verdict record.
 
     partner is the peer's address as text (b'1.2.3.4'); sender and recipients
     are already in their SMTP form (quoted local part); policy is a
     remote.tls.Policy (None: opportunistic). Raises TryNext when TLS fails or is
-    required and not offered: the next address may do."""
+    required and not offered: the next address may do. use_tls=False: no STARTTLS
+    even when offered (the clear retry after an opportunistic TLS failure)."""
     critical = [False]
 
     def dropped():
@@ -301,7 +303,7 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records, polic
             if ext is None:
                 return quit(b"ZConnected to ", b" but my name was rejected")
             required = policy is not None and policy.required
-            if b"STARTTLS" in ext:
+            if b"STARTTLS" in ext and (use_tls or required):
                 from qmailpy.remote import tls
                 conn.write(b"STARTTLS\r\n")
                 if conn.reply() != 220:
