@@ -80,6 +80,21 @@ class Counts:
         os.rename(tmp, os.path.join(logdir, COUNTS))
 
 
+def count_from(cur, counts, read_at, tail=None):
+    """Add to counts every record from the cursor's position to tail (None: the log's
+    end), reading in full only the records that count; the cursor ends past them."""
+    while tail is None or cur.pos < tail:
+        head = cur.peek_schedule()
+        if head is None:
+            break
+        if counted(head[0]):
+            rec = cur.decode_here()
+            if rec is not None:
+                counts.delta(rec, read_at)
+        cur.skip(head[5])
+    return counts
+
+
 def read(logdir):
     """The Counts qmail-send last wrote, or None (no file, or a damaged one)."""
     try:

@@ -144,15 +144,7 @@ class LogReaders:
         if counts is None:
             return None
         cur = Cursor(_QuietReader(self), counts.pos)
-        while True:
-            head = cur.peek_schedule()
-            if head is None:
-                break
-            if logcounts.counted(head[0]):
-                rec = cur.decode_here()
-                if rec is not None:
-                    counts.delta(rec, self._read_at)
-            cur.skip(head[5])
+        logcounts.count_from(cur, counts, self._read_at)
         counts.pos = cur.pos
         return counts
 

@@ -98,18 +98,7 @@ class LogRecovery:
 
     def _recount(self, first, tail):
         """Counts of every message in the log up to tail (logcounts.py), read once."""
-        counts = logcounts.Counts()
-        cur = Cursor(self, first)
-        while cur.pos < tail:
-            head = cur.peek_schedule()
-            if head is None:
-                break
-            if logcounts.counted(head[0]):
-                rec = cur.decode_here()
-                if rec is not None:
-                    counts.delta(rec, self._read_at)
-            cur.skip(head[5])
-        return counts
+        return logcounts.count_from(Cursor(self, first), logcounts.Counts(), self._read_at, tail)
 
     def _active_at(self, n, snap):
         a = InFlight(n, snap, self._read_at(snap))
