@@ -141,6 +141,74 @@ def test_commands_pipelined_after_starttls_are_discarded(tls_home, certs):
             assert tls.recv(100) == b"221 test.example\r\n"
 
 
+class InjectingProxy:
+    """A man in the middle between a client and the listener, as in CVE-2011-0411: the
+    client's STARTTLS line goes on in one segment with `injected` behind it; everything
+    else, the TLS records too, passes unchanged both ways."""
+
+    def __init__(self, port, injected):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.target, self.injected = port, injected
+        self.done_injecting = False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        import select
+        client, _ = self.server.accept()
+        upstream = socket.create_connection(("127.0.0.1", self.target), timeout=TIMEOUT)
+        seen = b""
+        with client, upstream:
+            while True:
+                ready, _, _ = select.select([client, upstream], [], [], TIMEOUT)
+                if not ready:
+                    return
+                for sock in ready:
+                    other = upstream if sock is client else client
+                    try:
+                        data = sock.recv(65536)
+                    except OSError:
+                        return
+                    if not data:
+                        return
+                    if sock is client and not self.done_injecting:
+                        seen += data
+                        if seen.endswith(b"STARTTLS\r\n"):
+                            data += self.injected
+                            self.done_injecting = True
+                    other.sendall(data)
+
+    def close(self):
+        self.server.close()
+        self.thread.join(TIMEOUT)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl program is not installed")
+def test_openssl_s_client_with_commands_injected_behind_starttls(tls_home, certs):
+    """openssl s_client -starttls smtp through a proxy that appends `RSET` and a MAIL to the
+    client's STARTTLS: none of them may run inside TLS, where they would pass for the client's
+    own (a vulnerable server answers `250 flushed` and `250 ok` to the first commands of the
+    TLS session); the listener then takes the next connection as usual."""
+    with ListenerProcess(tls_home) as listener:
+        proxy = InjectingProxy(listener.port, b"RSET\r\nMAIL FROM:<evil@injected.example>\r\n")
+        try:
+            done = subprocess.run(
+                ["openssl", "s_client", "-starttls", "smtp", "-connect", "127.0.0.1:%d" % proxy.port,
+                 "-CAfile", certs.ca, "-verify_return_error", "-crlf", "-quiet"],
+                input=b"RCPT TO:<me@test.example>\nNOOP\nQUIT\n", capture_output=True,
+                timeout=TIMEOUT)
+        finally:
+            proxy.close()
+        assert proxy.done_injecting
+        # in TLS, only the client's own three commands are answered, in order
+        assert done.stdout == (b"503 MAIL first (#5.5.1)\r\n250 ok\r\n221 test.example\r\n"), (
+            done.stdout + done.stderr)
+        with smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT) as client:
+            assert client.noop() == (250, b"ok")
+        assert listener.stop() == 0
+
+
 def test_starttls_resets_the_transaction_and_helo(tls_home, certs):
     s = TlsSession(tls_home)
     with s:
