@@ -209,6 +209,25 @@ def test_openssl_s_client_with_commands_injected_behind_starttls(tls_home, certs
         assert listener.stop() == 0
 
 
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl program is not installed")
+def test_tls_below_1_2_is_refused(tls_home, certs):
+    """A client limited to TLS 1.1 (its own security level lowered so that it tries) gets
+    the protocol_version alert; TLS 1.2 is taken."""
+    def s_client(*options):
+        return subprocess.run(["openssl", "s_client", "-starttls", "smtp", "-connect",
+                               "127.0.0.1:%d" % listener.port, "-CAfile", certs.ca, "-crlf",
+                               "-ign_eof", *options],
+                              input=b"QUIT\n", capture_output=True, timeout=TIMEOUT)
+    with ListenerProcess(tls_home) as listener:
+        old = s_client("-tls1_1", "-cipher", "DEFAULT@SECLEVEL=0")
+        assert b"alert protocol version" in old.stderr, old.stdout + old.stderr
+        assert b"221 test.example" not in old.stdout
+        new = s_client("-tls1_2")
+        assert b"Protocol  : TLSv1.2" in new.stdout and b"221 test.example" in new.stdout, (
+            new.stdout + new.stderr)
+        assert listener.stop() == 0
+
+
 def test_starttls_resets_the_transaction_and_helo(tls_home, certs):
     s = TlsSession(tls_home)
     with s:
