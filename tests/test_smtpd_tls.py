@@ -374,11 +374,14 @@ def test_qmail_smtpd_auth_login_plain_and_failures(tls_home, certs):
 
 def test_too_many_failures_end_the_session(tls_home, certs):
     with tls_session(tls_home, certs, SMTPAUTH="") as s:
+        started = time.monotonic()
         for _ in range(2):
             assert s.command(b"AUTH PLAIN AGFsaWNlAHdyb25n\r\n") == (
                 b"535 authentication failed (#5.7.8)\r\n")
         s.send(b"AUTH PLAIN AGFsaWNlAHdyb25n\r\n")
         assert s.rest() == b"421 too many authentication failures (#4.7.0)\r\n"
+        # the third guess waits as the others did: reconnecting at once saves nothing
+        assert time.monotonic() - started >= 3
         assert s.close() == 1
     assert s.stderr.count(b"auth failed: alice") == 3
 
@@ -452,6 +455,8 @@ def test_qmailctl_start_submission(tls_home, certs):
         with smtplib.SMTP("127.0.0.1", submission, timeout=TIMEOUT) as client:
             assert client.docmd("MAIL", "FROM:<alice@test.example>")[0] == 530
             client.starttls(context=certs.client_context())
+            with pytest.raises(smtplib.SMTPAuthenticationError):
+                client.login("alice", "guess")
             client.login("alice", "s3cret")
             assert client.docmd("MAIL", "FROM:<alice@test.example>") == (250, b"ok")
             assert client.docmd("RCPT", "TO:<bob@far.example>") == (250, b"ok")
@@ -460,5 +465,10 @@ def test_qmailctl_start_submission(tls_home, certs):
         stop = ctl(tls_home, "stop")
     assert stop.returncode == 0, stop.stderr
     assert not os.path.exists(os.path.join(tls_home.path, "log", "qmail-submission.pid"))
+    with open(os.path.join(tls_home.path, "log", "qmail-submission.log")) as f:
+        log = f.read()
+    # smtplib tries CRAM-MD5 (not offered), then PLAIN, then LOGIN: two failures, one success
+    assert log.count("qmail-smtpd: auth failed: alice from 127.0.0.1\n") == 2, log
+    assert log.count("qmail-smtpd: auth ok: alice from 127.0.0.1\n") == 1, log
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", submission), timeout=TIMEOUT).close()

@@ -365,9 +365,11 @@ class Session:
         else:
             self.auth_failures += 1
             log(b"auth failed: " + who)
+            # every wrong guess costs a second of a session slot, the last one too: a
+            # client that reconnects after the 421 has not saved a wait
+            time.sleep(auth.FAIL_DELAY)
             if self.auth_failures >= auth.MAX_FAILURES:
                 raise _End(1, R_AUTH_TOO_MANY)
-            time.sleep(auth.FAIL_DELAY)
             self.out += R_AUTH_FAILED
 
     def challenge(self, prompt):
