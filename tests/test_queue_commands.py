@@ -163,38 +163,69 @@ def test_bounce_with_reason(qmail_home, peer):
         daemons.kill()
 
 
-def test_delete_waits_for_delivery_in_flight(qmail_home):
-    """A slow |program delivery is in flight: delete answers once it has finished, and
-    the message's other recipient is never delivered."""
-    users = LocalUsers(qmail_home)
-    work = os.path.dirname(qmail_home.path)
-    fifo = os.path.join(work, "go")
-    os.mkfifo(fifo, 0o666)
-    marker = os.path.join(work, "slow-finished")
-    slow = users.add("slow", maildir=False)
-    users.dotqmail(slow, "", "|read x < %s; echo done > %s\n" % (fifo, marker))
-    os.chmod(work, 0o777)
-    other = users.add("other")
-    qmail_home.control("concurrencylocal", "1\n")
-    daemons = Daemons(qmail_home).start()
-    try:
-        daemons.wait_started()
-        assert qmail_home.queue_message(b"Subject: t\n\nhi\n", b"joe@test.example",
-                                        [b"slow@test.example", b"other@test.example"]).returncode == 0
-        n = msg_number(daemons, "slow@test.example")
-        cdir = os.path.join(qmail_home.queue, "command")
+class SlowDelivery:
+    """A message to slow@ (a |program delivery that waits on a FIFO until go()) and
+    other@ (a Maildir), with concurrencylocal 1: while slow@'s delivery is in flight,
+    other@'s waits behind it."""
+
+    def __init__(self, home):
+        users = LocalUsers(home)
+        work = os.path.dirname(home.path)
+        self.home, self.fifo = home, os.path.join(work, "go")
+        self.marker = os.path.join(work, "slow-finished")
+        os.mkfifo(self.fifo, 0o666)
+        slow = users.add("slow", maildir=False)
+        users.dotqmail(slow, "", "|read x < %s; echo done > %s\n" % (self.fifo, self.marker))
+        os.chmod(work, 0o777)
+        self.other_new = os.path.join(users.add("other"), "Maildir", "new")
+        home.control("concurrencylocal", "1\n")
+
+    def queue(self, daemons):
+        """Queue the message; its number, once slow@'s delivery has started."""
+        assert self.home.queue_message(b"Subject: t\n\nhi\n", b"joe@test.example",
+                                       [b"slow@test.example", b"other@test.example"]).returncode == 0
+        return msg_number(daemons, "slow@test.example")
+
+    def delete_claimed(self, n):
+        """qmailctl queue delete n, once qmail-send has claimed the command: the Popen."""
+        cdir = os.path.join(self.home.queue, "command")
         with INotify() as ino:
             ino.add_watch(cdir, flags.MOVED_TO)
-            proc = subprocess.Popen(["qmailctl", "queue", "delete", "--home", qmail_home.path, str(n)],
-                                    env=qmail_home.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            proc = subprocess.Popen(["qmailctl", "queue", "delete", "--home", self.home.path, str(n)],
+                                    env=self.home.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             deadline = time.monotonic() + 30
             while not any(name.endswith(".work") for name in os.listdir(cdir)):
                 assert time.monotonic() < deadline, "qmail-send never claimed the command"
                 ino.read(timeout=1000)
+        return proc
+
+    def go(self, wait=True):
+        """Let the |program delivery end; without wait only if it has the FIFO open now."""
+        if wait:
+            with open(self.fifo, "w") as f:
+                f.write("go\n")
+            return
+        try:
+            fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:                  # no reader: no delivery to end
+            return
+        os.write(fd, b"go\n")
+        os.close(fd)
+
+
+def test_delete_waits_for_delivery_in_flight(qmail_home):
+    """A slow |program delivery is in flight: delete answers once it has finished, and
+    the message's other recipient is never delivered."""
+    slow = SlowDelivery(qmail_home)
+    marker = slow.marker
+    daemons = Daemons(qmail_home).start()
+    try:
+        daemons.wait_started()
+        n = slow.queue(daemons)
+        proc = slow.delete_claimed(n)
         assert proc.poll() is None                     # it waits for the delivery in flight
         assert not os.path.exists(marker)
-        with open(fifo, "w") as f:
-            f.write("go\n")
+        slow.go()
         out, err = proc.communicate(timeout=30)
         assert (proc.returncode, out, err) == (0, b"%d: deleted\n" % n, b"")
         assert os.path.exists(marker)                  # finished before delete returned
@@ -204,7 +235,7 @@ def test_delete_waits_for_delivery_in_flight(qmail_home):
         assert not any(l.endswith(" other@test.example") for l in lines)
         assert "end msg %d" % n not in lines
         wait_mess_gone(qmail_home, n)
-        assert os.listdir(os.path.join(other, "Maildir", "new")) == []
+        assert os.listdir(slow.other_new) == []
         assert daemons.proc.poll() is None
     finally:
         daemons.kill()

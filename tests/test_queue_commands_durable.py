@@ -1,16 +1,19 @@
-"""qmailctl queue's actions are on disk before qmail-send answers (docs/qmail-send.md
-"Commands"): the backend calls a command makes, then a power cut that loses every
-unsynced write (docs/log-queue.md "Recovery and checkpoints")."""
+"""qmailctl queue's actions survive what stops qmail-send (docs/qmail-send.md "Commands"):
+they are on disk before qmail-send answers (the backend calls a command makes, then a
+power cut that loses every unsynced write: docs/log-queue.md "Recovery and checkpoints"),
+and a command claimed when qmail-send was killed is carried out at its next start."""
 import os
 import struct
+
+import pytest
 
 from qmailpy.backends.logcommit import list_segments, segment_name
 from qmailpy.backends.logenqueue import enqueue
 from qmailpy.backends.logqueue import LogQueue
 
 from logqueue_harness import make_queue, route
-from send_harness import Daemons
-from test_queue_commands import ctl, deferred_message, peer  # noqa: F401  (fixture)
+from send_harness import Daemons, wait_mess_gone
+from test_queue_commands import SlowDelivery, ctl, deferred_message, peer  # noqa: F401  (fixture)
 
 
 def _power_cut(home):
@@ -77,3 +80,36 @@ def test_a_queue_error_is_a_temporary_failure(qmail_home, peer):  # noqa: F811
         assert done.stderr.startswith(b"qmailctl queue hold: %d: queue error: " % n), done.stderr
     finally:
         daemons.kill()
+
+
+@pytest.mark.both_backends
+def test_a_delete_left_by_a_crash_is_carried_out_at_the_next_start(qmail_home):
+    """qmail-send is killed while a delete waits for a delivery in flight (the command is
+    claimed, NAME.work): qmailctl says so and exits 111; the next qmail-send carries the
+    command out before any pass, so neither recipient is delivered by it, and answers."""
+    slow = SlowDelivery(qmail_home)
+    cdir = os.path.join(qmail_home.queue, "command")
+    daemons = Daemons(qmail_home).start()
+    try:
+        daemons.wait_started()
+        n = slow.queue(daemons)
+        proc = slow.delete_claimed(n)
+        claimed, = os.listdir(cdir)
+        daemons.kill()                                  # the delivery never reported
+        out, err = proc.communicate(timeout=30)
+        assert (proc.returncode, out) == (111, b"")
+        assert err == (b"qmailctl queue delete: qmail-send stopped while carrying out the command; "
+                       b"it finishes it when it starts again: %s\n" % os.path.join(cdir, claimed).encode())
+        since = daemons.line_count()
+        daemons.start()
+        daemons.wait_line(r"^delete msg %d$" % n)
+        wait_mess_gone(qmail_home, n)
+        reply = os.path.join(cdir, claimed[:-len(".work")] + ".reply")
+        with open(reply, "rb") as f:
+            assert f.read() == b"%d done deleted\n" % n
+        assert os.listdir(cdir) == [os.path.basename(reply)]   # left for a day, then removed
+        assert [l for l in daemons.lines()[since:] if l.startswith("starting delivery ")] == []
+        assert os.listdir(slow.other_new) == []
+    finally:
+        daemons.kill()
+        slow.go(wait=False)                             # the orphaned delivery may end
