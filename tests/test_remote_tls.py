@@ -286,3 +286,115 @@ def test_certificate_name_rules():
     assert not names_match(cert, [b"cn.test"])             # a subjectAltName hides the commonName
     assert names_match({"subject": ((("commonName", "cn.test"),),)}, [b"other.test", b"cn.test"])
     assert not names_match(cert, [b"127.0.0.1"])
+
+
+# A message as qmail-smtpd queues it after MAIL FROM with SMTPUTF8 (docs/submission.md), with
+# UTF-8 in its header, then one that came without SMTPUTF8 with the same 8-bit header.
+UTF8_HEADER = "Subject: grüße\nFrom: Jörg <a@b.example>\n\nbody\n".encode()
+FLAGGED = (b"Received: (qmail 4414 invoked from network); 1 Jan 2030 00:00:00 -0000\n"
+           b"Received: from unknown (HELO c.example) (127.0.0.1)\n"
+           b"  by test.example with (TLSv1.3:TLS_AES_256_GCM_SHA384 encrypted) UTF8SMTP;"
+           b" 1 Jan 2030 00:00:00 -0000\n" + UTF8_HEADER)
+LEGACY = (b"Received: from unknown (HELO c.example) (127.0.0.1)\n"
+          b"  by test.example with SMTP; 1 Jan 2030 00:00:00 -0000\n" + UTF8_HEADER)
+FLAGGED_ASCII = FLAGGED.replace(UTF8_HEADER, b"Subject: gruesse\nFrom: Joerg <a@b.example>\n\nbody\n")
+NO_SMTPUTF8 = [("send", b"220 p\r\n"), ("line",), ("send", b"250-p\r\n250 8BITMIME\r\n")]
+
+
+def test_which_messages_came_in_with_smtputf8():
+    from qmailpy.remote.smtputf8 import classify
+    m = classify(b"Delivered-To: x@y\nreceived: from a\n\tby b with\n UTF8SMTPS; date\nSubject: \xc3\xa9\n")
+    assert m.flagged and m.header_8bit and m.needs_smtputf8
+    m = classify(FLAGGED_ASCII.split(b"\n\n")[0])
+    assert m.flagged and not m.header_8bit
+    # only the topmost Received line naming a protocol counts: an earlier hop's is not this one's
+    m = classify(LEGACY.split(b"\n\n")[0] + b"\nReceived: from x by y with UTF8SMTP; d")
+    assert not m.flagged and m.header_8bit and not m.needs_smtputf8
+    assert not classify(b"Subject: with UTF8SMTP\n").flagged
+    assert not classify(b"Received: by y with UTF8SMTPX; d\n").flagged
+    assert not classify(b"Received: (qmail 1 invoked by uid 0); d\nSubject: \xc3\xa9\n").flagged
+
+
+def test_a_flagged_utf8_header_is_not_sent_to_a_peer_without_smtputf8(qmail_home):
+    """RFC 6531 §3.2: no message with UTF-8 in its header to such a peer; the envelope is ASCII."""
+    with ScriptedPeer(NO_SMTPUTF8) as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test",
+                                  message=FLAGGED)
+        assert peer.done.wait(30)
+    assert records == [b"DSorry, 127.0.0.1 does not support SMTPUTF8, which the message needs: it "
+                       b"came in with SMTPUTF8 and its header is not ASCII. (#5.6.7)\n"]
+    assert peer.received[0] == b"EHLO test.example\r\nQUIT\r\n"
+
+
+@pytest.mark.parametrize("message", [LEGACY, FLAGGED_ASCII], ids=["8bit-unflagged", "flagged-ascii"])
+def test_what_needs_no_smtputf8_goes_to_a_peer_without_it(qmail_home, message):
+    """8-bit header bytes in mail that came without SMTPUTF8 go out as qmail sends them; a
+    flagged message whose header is ASCII goes out without the parameter."""
+    with Smtpd() as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test",
+                                  message=message)
+    assert records[-1].startswith(b"K127.0.0.1 accepted message."), records
+    [t] = peer.transactions
+    assert not t.smtp_utf8 and t.data == message.replace(b"\n", b"\r\n")
+
+
+@pytest.mark.parametrize("stdin", ["pipe", "file"])
+def test_a_flagged_message_asks_for_smtputf8_and_arrives_whole(qmail_home, tmp_path, stdin):
+    """From a pipe the header read ahead is sent from memory; from the queue's mess file
+    (seekable, as qmail-rspawn gives it) it is read again. A header longer than the part
+    looked at (remote/smtputf8.py HEADER_SCAN) and a long body arrive byte for byte."""
+    message = (FLAGGED.split(b"\n\n")[0] + b"\n" + b"X-Filler: %s\n" % (b"f" * 900) * 80
+               + b"\n" + b"line %d \xc3\xa9\n" * 1 * 20000)
+    message = message.replace(b"%d", b"0")
+    with Smtpd(smtputf8=True) as peer:
+        route(qmail_home, "x.test", peer.port)
+        if stdin == "pipe":
+            _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test",
+                                      message=message)
+        else:
+            from qmailpy.remote import deliver
+            path = tmp_path / "mess"
+            path.write_bytes(message)
+            fd = os.open(path, os.O_RDONLY)
+            cwd = os.getcwd()
+            try:
+                records = deliver.deliver([b"x.test", b"a@b.example", b"joe@x.test"],
+                                          qmail_home.path, messfd=fd)
+            finally:
+                os.chdir(cwd)
+                os.close(fd)
+    assert records[-1].startswith(b"K127.0.0.1 accepted message."), records
+    [t] = peer.transactions
+    assert t.smtp_utf8
+    assert t.data == message.replace(b"\n", b"\r\n")
+
+
+def test_smtputf8_bounces_end_to_end(qmail_home, users, daemons):
+    """Received by qmail-smtpd with SMTPUTF8, relayed by qmail-send to a peer without it:
+    a UTF-8 recipient, and an ASCII one with a UTF-8 Subject, each come back to the sender
+    in qmail's bounce with the #5.6.7 reason; the peer gets no MAIL."""
+    import smtplib
+    from test_smtpd_delivery import wait_maildir
+    from test_smtpd_support import ListenerProcess
+    me = users.add("me")
+    with Smtpd() as peer:
+        route(qmail_home, "x.test", peer.port)
+        daemons.start()
+        daemons.wait_line(r"^status: ")
+        with ListenerProcess(qmail_home, env=dict(qmail_home.env, RELAYCLIENT="")) as listener:
+            with smtplib.SMTP("127.0.0.1", listener.port, timeout=30) as client:
+                for rcpt, subject in (("ünï@x.test", "plain"), ("joe@x.test", "grüße")):
+                    message = ("Subject: %s\r\n\r\nbody\r\n" % subject).encode()
+                    assert client.sendmail("me@test.example", [rcpt], message,
+                                           mail_options=["SMTPUTF8"]) == {}
+            assert listener.stop() == 0
+        bounces = wait_maildir(os.path.join(me, "Maildir"), 2)
+    assert peer.transactions == []
+    texts = b"\n".join(bounces)
+    assert texts.count(b"From: MAILER-DAEMON@test.example") == 2
+    assert ("<ünï@x.test>:\nSorry, 127.0.0.1 does not support SMTPUTF8 and an address is not "
+            "ASCII: 553 5.6.7 non-ASCII addresses").encode() in texts
+    assert (b"<joe@x.test>:\nSorry, 127.0.0.1 does not support SMTPUTF8, which the message needs: "
+            b"it came in with SMTPUTF8 and its header is not ASCII. (#5.6.7)") in texts

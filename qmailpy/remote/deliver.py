@@ -92,7 +92,7 @@ def read_controls(home):
 def deliver(args, home, messfd=0, lookup=None, now=None, pid=None):
     """The records of one run (a list of bytes, each without its NUL)."""
     from qmailpy.home import ControlError
-    from qmailpy.remote import dns, routes, smtp, tls
+    from qmailpy.remote import dns, routes, smtp, smtputf8, tls
     from qmailpy.remote.tcpto import Table
 
     if len(args) < 3:
@@ -150,6 +150,10 @@ def deliver(args, home, messfd=0, lookup=None, now=None, pid=None):
         if not eligible:
             return [PERM_AMBIGMX]
 
+    try:
+        message = smtputf8.read_message(messfd)
+    except OSError:
+        return [smtp.READ_FAILED]
     required, cafile = tls.find_policy(controls.tlsdestinations, args[0])
     table = Table(now=now, pid=pid)
     failure = TEMP_NOCONN
@@ -175,7 +179,7 @@ def deliver(args, home, messfd=0, lookup=None, now=None, pid=None):
             conn = smtp.Connection(sock, controls.timeout, deadline)
             try:
                 verdict = smtp.dialogue(conn, partner, controls.helohost, sender, recipients,
-                                        messfd, records, policy, use_tls)
+                                        messfd, records, policy, use_tls, message)
             except smtp.TryNext as e:
                 failure = e.args[0]
                 continue

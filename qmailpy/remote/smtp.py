@@ -2,12 +2,13 @@
 
 EHLO, falling back to HELO when the peer does not know EHLO (500 or 502);
 STARTTLS when offered (docs/delivery.md "STARTTLS"); MAIL FROM with SMTPUTF8
-when an address is not ASCII. Each command is written and its reply read
-before the next; the reply code comes from the first line and continuation
-lines (4th byte '-') are read to the end. Every read and every write has its own timeout
-(timeoutremote); not in qmail, the whole dialogue also has a deadline
-(timeoutremotesession), so a peer that drips its replies a byte at a time, each
-within the timeout, is still left (class Deadline). The result is a list of
+when an address is not ASCII or the message came in with SMTPUTF8 (smtputf8.py).
+Each command is written and its reply read before the next; the reply code
+comes from the first line and continuation lines (4th byte '-') are read to the
+end. Every read and every write has its own timeout (timeoutremote); not in
+qmail, the whole dialogue also has a deadline (timeoutremotesession), so a peer
+that drips its replies a byte at a time, each within the timeout, is still left
+(class Deadline). The result is a list of
 records, each a letter and a text: `r` (recipient accepted), `h`/`s`
 (recipient refused permanently / temporarily), then one K, Z or D verdict that
 ends the run.
@@ -17,6 +18,7 @@ import socket
 import time
 
 SMTP_TEXT_MAX = 5000          # HUGESMTPTEXT
+READ_FAILED = b"ZUnable to read message. (#4.3.0)\n"
 READ_CHUNK = 65536
 
 
@@ -55,19 +57,23 @@ def encode_lines(segment):
     return s.replace(b"\n", b"\r\n")
 
 
-def body_chunks(fd, chunk=READ_CHUNK):
-    """Yield the encoded message read from fd, piece by piece (without the final dot).
+def body_chunks(fd, chunk=READ_CHUNK, prefix=b""):
+    """Yield the encoded message read from fd, piece by piece (without the final dot);
+    prefix is its start, already read from fd.
 
     Raises PartialLine at the end when the last line has no LF (a trailing lone
     CR ends its line), ReadError when reading fails."""
     carry = bytearray()
     while True:
-        try:
-            data = os.read(fd, chunk)
-        except InterruptedError:
-            continue
-        except OSError as e:
-            raise ReadError(str(e)) from e
+        if prefix:
+            data, prefix = prefix, b""
+        else:
+            try:
+                data = os.read(fd, chunk)
+            except InterruptedError:
+                continue
+            except OSError as e:
+                raise ReadError(str(e)) from e
         if not data:
             break
         # Only the new bytes and a CR kept back can end a line: a long line is not rescanned.
@@ -245,12 +251,13 @@ def needs_smtputf8(sender, recipients):
 
 
 def dialogue(conn, partner, helohost, sender, recipients, messfd, records, policy=None,
-             use_tls=True):
+             use_tls=True, message=None):
     """Talk to the peer; append r/h/s records to `records`; return the verdict record.
 
     partner is the peer's address as text (b'1.2.3.4'); sender and recipients
     are already in their SMTP form (quoted local part); policy is a
-    remote.tls.Policy (None: opportunistic). Raises TryNext when TLS fails or is
+    remote.tls.Policy (None: opportunistic); message a remote.smtputf8.Message
+    (None: not flagged, nothing read yet). Raises TryNext when TLS fails or is
     required and not offered: the next address may do. use_tls=False: no STARTTLS
     even when offered (the clear retry after an opportunistic TLS failure)."""
     critical = [False]
@@ -331,13 +338,19 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records, polic
                 raise tls_failed(b"it does not offer STARTTLS, which control/tlsdestinations "
                                  b"requires")
             mail_params = b""
-            if needs_smtputf8(sender, recipients):
-                if b"SMTPUTF8" not in ext:
-                    send_quit()
-                    return (b"DSorry, " + partner + b" does not support SMTPUTF8 and an address is "
-                            b"not ASCII: 553 5.6.7 non-ASCII addresses are not permitted for that "
-                            b"recipient. (#5.6.7)\n")
-                mail_params = b" SMTPUTF8"
+            utf8_address = needs_smtputf8(sender, recipients)
+            if b"SMTPUTF8" in ext:
+                if utf8_address or (message is not None and message.flagged):
+                    mail_params = b" SMTPUTF8"
+            elif utf8_address:
+                send_quit()
+                return (b"DSorry, " + partner + b" does not support SMTPUTF8 and an address is "
+                        b"not ASCII: 553 5.6.7 non-ASCII addresses are not permitted for that "
+                        b"recipient. (#5.6.7)\n")
+            elif message is not None and message.needs_smtputf8:
+                send_quit()
+                return (b"DSorry, " + partner + b" does not support SMTPUTF8, which the message "
+                        b"needs: it came in with SMTPUTF8 and its header is not ASCII. (#5.6.7)\n")
             conn.write(b"MAIL FROM:<" + sender + b">" + mail_params + b"\r\n")
             code = conn.reply()
             if code >= 500:
@@ -365,14 +378,14 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records, polic
                 return quit(b"Z", b" failed on DATA command")
             try:
                 pending = None
-                for piece in body_chunks(messfd):
+                for piece in body_chunks(messfd, prefix=message.prefix if message else b""):
                     if pending is not None:
                         conn.write(pending)
                     pending = piece
             except PartialLine:
                 return b"DSMTP cannot transfer messages with partial final lines. (#5.6.2)\n"
             except ReadError:
-                return b"ZUnable to read message. (#4.3.0)\n"
+                return READ_FAILED
             conn.write((pending or b"") + b".\r\n")
             # Only once the final dot is out can the peer have taken the message: a
             # failure while the body is still going out cannot cause a duplicate.
