@@ -472,3 +472,48 @@ def test_qmailctl_start_submission(tls_home, certs):
     assert log.count("qmail-smtpd: auth ok: alice from 127.0.0.1\n") == 1, log
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", submission), timeout=TIMEOUT).close()
+
+
+# --- systemd/qmail-submission.socket ----------------------------------------------------------
+
+@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None,
+                    reason="systemd-socket-activate is not installed (apt-get install systemd)")
+def test_the_submission_socket_unit_as_systemd_runs_it(tls_home, certs):
+    """qmail-submission.socket (Accept=yes) and qmail-submission@.service (StandardInput=socket)
+    as systemd-socket-activate --accept --inetd plays them: the unit's program and Environment=
+    lines, one qmail-smtpd per connection; MAIL waits for STARTTLS and AUTH."""
+    from test_send_qmailctl import free_port
+    units = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "systemd")
+    with open(os.path.join(units, "qmail-submission.socket")) as f:
+        sock_unit = f.read()
+    with open(os.path.join(units, "qmail-submission@.service")) as f:
+        service = f.read()
+    assert re.search(r"^ListenStream=587$", sock_unit, re.M)
+    assert re.search(r"^Accept=yes$", sock_unit, re.M)
+    assert re.search(r"^StandardInput=socket$", service, re.M)
+    program = re.search(r"^ExecStart=(\S+)$", service, re.M).group(1).replace("/var/qmail", tls_home.path)
+    settings = [e.replace("/var/qmail", tls_home.path)
+                for e in re.findall(r"^Environment=(\S+)$", service, re.M)]
+    assert sorted(settings) == ["QMAILHOME=" + tls_home.path, "SMTPAUTH=!"]
+    port = free_port()
+    env = {k: v for k, v in tls_home.env.items() if k not in ("QMAILHOME", "SMTPAUTH")}
+    activator = subprocess.Popen(["systemd-socket-activate", "-l", "127.0.0.1:%d" % port, "--accept",
+                                  "--inetd", *[a for e in settings for a in ("-E", e)], program],
+                                 env=env, stderr=subprocess.PIPE)
+    try:
+        assert activator.stderr.readline().startswith(b"Listening on 127.0.0.1:%d" % port)
+        with smtplib.SMTP("127.0.0.1", port, "client.example", timeout=TIMEOUT) as client:
+            assert client.docmd("MAIL", "FROM:<alice@test.example>")[0] == 530
+            client.starttls(context=certs.client_context())
+            client.login("alice", "s3cret")
+            assert client.sendmail("alice@test.example", ["bob@far.example"],
+                                   b"Subject: unit\r\n\r\nthrough the unit\r\n") == {}
+    finally:
+        activator.kill()
+        activator.wait(timeout=TIMEOUT)
+        activator.stderr.close()
+    [msg] = queued(tls_home)
+    assert msg.recipients == [b"bob@far.example"]
+    # the client's address from the socket (no tcpserver variables: qmailpy/smtpd/tcpenv.py)
+    assert msg.mess.split(b"\n")[1] == b"Received: from unknown (HELO client.example) (127.0.0.1)"
+    assert RECEIVED_TLS.match(msg.mess.split(b"\n")[2])
