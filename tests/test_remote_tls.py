@@ -1,61 +1,30 @@
 """qmail-remote's STARTTLS and its policy file (docs/delivery.md "STARTTLS"), and SMTPUTF8 on relay
 (docs/delivery.md "SMTPUTF8"), against aiosmtpd and scripted peers on 127.0.0.1.
 
-Certificates are made here with the openssl program (neither `cryptography` nor
-`trustme` is installed in the venv; three openssl commands do): a CA, a
-certificate for x.test signed by it, and a self-signed one for x.test that no
-CA vouches for.
+Certificates come from tls_certs.py (the openssl program): a CA, a certificate for x.test
+signed by it ("good"), and a self-signed one for x.test that no CA vouches for ("self").
 """
 import os
-import shutil
 import ssl
-import subprocess
 
 import pytest
 
 from remote_harness import ScriptedPeer, Smtpd, qmail_remote, route
-
-EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"]
-
-
-class Certs:
-    def __init__(self, directory):
-        self.dir = directory
-
-    def path(self, name):
-        return os.path.join(self.dir, name)
-
-    def server_context(self, which):
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(self.path(which + ".crt"), self.path(which + ".key"))
-        return ctx
+from tls_certs import make_certs
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl program is not installed")
-    d = str(tmp_path_factory.mktemp("certs"))
+    return make_certs(str(tmp_path_factory.mktemp("certs")), dns=("x.test",), ips=())
 
-    def openssl(*args):
-        subprocess.run(["openssl", *args], cwd=d, check=True, timeout=60,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
-    openssl("req", "-x509", *EC, "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=test CA",
-            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
-    openssl("req", *EC, "-keyout", "good.key", "-out", "good.csr", "-subj", "/CN=x.test")
-    with open(os.path.join(d, "good.ext"), "w") as f:
-        f.write("subjectAltName=DNS:x.test\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
-    openssl("x509", "-req", "-in", "good.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-days", "2", "-extfile", "good.ext", "-out", "good.crt")
-    openssl("req", "-x509", *EC, "-keyout", "self.key", "-out", "self.crt", "-subj", "/CN=x.test",
-            "-addext", "subjectAltName=DNS:x.test")
-    return Certs(d)
+def server_context(certs, which):
+    return certs.server_context() if which == "good" else certs.self_signed_context()
 
 
 def trust(home, certs, policy_line):
     """control/testca.pem is the test CA; control/tlsdestinations holds policy_line."""
-    with open(certs.path("ca.crt"), "rb") as f:
+    with open(certs.ca, "rb") as f:
         home.control("testca.pem", f.read())
     home.control("tlsdestinations", policy_line)
 
@@ -67,7 +36,7 @@ def tls_line(record):
 @pytest.mark.parametrize("which", ["good", "self"])
 def test_opportunistic_tls_is_used_and_logged(qmail_home, certs, which):
     """No policy: STARTTLS when offered, whatever the certificate."""
-    with Smtpd(tls_context=certs.server_context(which), require_starttls=True) as peer:
+    with Smtpd(tls_context=server_context(certs, which), require_starttls=True) as peer:
         route(qmail_home, "x.test", peer.port)
         _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
     assert records[0] == b"r"
@@ -79,7 +48,7 @@ def test_opportunistic_tls_is_used_and_logged(qmail_home, certs, which):
 
 def test_required_and_verified(qmail_home, certs):
     trust(qmail_home, certs, "# mail to x.test only encrypted\nx.test:control/testca.pem\n")
-    with Smtpd(tls_context=certs.server_context("good")) as peer:
+    with Smtpd(tls_context=certs.server_context()) as peer:
         route(qmail_home, "x.test", peer.port)
         _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
     assert records[1].startswith(b"K127.0.0.1 accepted message.\nTLS: TLSv1.")
@@ -96,7 +65,7 @@ def test_required_and_not_verified_is_deferred(qmail_home, certs, which, policy,
     trust(qmail_home, certs, policy)
     host = "x.test" if reason else "y.x.test"
     qmail_home.control("tlsdestinations", policy.replace("x.test", host) if not reason else policy)
-    with Smtpd(tls_context=certs.server_context(which)) as peer:
+    with Smtpd(tls_context=server_context(certs, which)) as peer:
         route(qmail_home, host, peer.port)
         _, records = qmail_remote(qmail_home, host, b"a@b.example", b"joe@" + host.encode())
     [record] = records
@@ -158,8 +127,8 @@ def test_tls_failure_tries_the_next_address(qmail_home, certs):
     from qmailpy.remote import deliver
     trust(qmail_home, certs, "x.test:control/testca.pem\n")
     dns_server = DNSServer({"relay.x.test.": {"A": ["127.0.0.1"], "AAAA": ["::1"]}}, set())
-    with Smtpd(host="::1", tls_context=certs.server_context("self")) as bad, \
-            Smtpd(port=bad.port, tls_context=certs.server_context("good")) as good:
+    with Smtpd(host="::1", tls_context=certs.self_signed_context()) as bad, \
+            Smtpd(port=bad.port, tls_context=certs.server_context()) as good:
         qmail_home.control("smtproutes", "x.test:relay.x.test:%d\n" % bad.port)
         cwd = os.getcwd()
         try:
@@ -259,7 +228,7 @@ def test_ascii_envelope_does_not_ask_for_smtputf8(qmail_home):
 def test_tls_in_qmail_send_log(qmail_home, certs):
     """The TLS line reaches qmail-send's delivery log line, through qmail-rspawn."""
     from send_harness import Daemons
-    with Smtpd(tls_context=certs.server_context("good")) as peer:
+    with Smtpd(tls_context=certs.server_context()) as peer:
         trust(qmail_home, certs, "x.test:control/testca.pem\n")
         route(qmail_home, "x.test", peer.port)
         daemons = Daemons(qmail_home)
