@@ -340,27 +340,34 @@ def test_a_flagged_message_asks_for_smtputf8_and_arrives_whole(qmail_home, tmp_p
     assert t.data == message.replace(b"\n", b"\r\n")
 
 
-def test_smtputf8_bounces_end_to_end(qmail_home, users, daemons):
-    """Received by qmail-smtpd with SMTPUTF8, relayed by qmail-send to a peer without it:
-    a UTF-8 recipient, and an ASCII one with a UTF-8 Subject, each come back to the sender
-    in qmail's bounce with the #5.6.7 reason; the peer gets no MAIL."""
+def test_smtputf8_end_to_end(qmail_home, users, daemons):
+    """Received by qmail-smtpd with SMTPUTF8 and relayed by qmail-send: to a peer that offers
+    SMTPUTF8 the UTF-8 envelope and header arrive with it; to a peer without it a UTF-8
+    recipient, and an ASCII one with a UTF-8 Subject, each come back to the sender in qmail's
+    bounce with the #5.6.7 reason, and that peer gets no MAIL."""
     import smtplib
     from test_smtpd_delivery import wait_maildir
     from test_smtpd_support import ListenerProcess
     me = users.add("me")
-    with Smtpd() as peer:
-        route(qmail_home, "x.test", peer.port)
+    with Smtpd() as old, Smtpd(smtputf8=True) as new:
+        qmail_home.control("smtproutes", "x.test:[127.0.0.1]:%d\ny.test:[127.0.0.1]:%d\n"
+                           % (old.port, new.port))
         daemons.start()
         daemons.wait_line(r"^status: ")
         with ListenerProcess(qmail_home, env=dict(qmail_home.env, RELAYCLIENT="")) as listener:
             with smtplib.SMTP("127.0.0.1", listener.port, timeout=30) as client:
-                for rcpt, subject in (("ünï@x.test", "plain"), ("joe@x.test", "grüße")):
+                for rcpt, subject in (("ünï@x.test", "plain"), ("joe@x.test", "grüße"),
+                                      ("ünï@y.test", "grüße")):
                     message = ("Subject: %s\r\n\r\nbody\r\n" % subject).encode()
                     assert client.sendmail("me@test.example", [rcpt], message,
                                            mail_options=["SMTPUTF8"]) == {}
             assert listener.stop() == 0
         bounces = wait_maildir(os.path.join(me, "Maildir"), 2)
-    assert peer.transactions == []
+        daemons.wait_line(r"^delivery \d+: success: 127\.0\.0\.1_accepted_message")
+    assert old.transactions == []
+    [t] = new.transactions
+    assert t.smtp_utf8 and t.rcpt_tos == ["ünï@y.test"]
+    assert t.data.endswith("Subject: grüße\r\n\r\nbody\r\n".encode())
     texts = b"\n".join(bounces)
     assert texts.count(b"From: MAILER-DAEMON@test.example") == 2
     assert ("<ünï@x.test>:\nSorry, 127.0.0.1 does not support SMTPUTF8 and an address is not "

@@ -291,6 +291,30 @@ def test_swaks_tls(tls_home, certs):
     assert RECEIVED_TLS.match(msg.mess.split(b"\n")[2])
 
 
+@pytest.mark.skipif(shutil.which("swaks") is None, reason="swaks is not installed")
+@pytest.mark.parametrize("mechanism", ["PLAIN", "LOGIN"])
+def test_swaks_tls_auth_on_the_submission_port(tls_home, certs, mechanism):
+    """swaks -tls -a relays through a SMTPAUTH=! listener; a wrong password is 535 and nothing
+    is queued."""
+    def swaks(password):
+        return subprocess.run(["swaks", "-tls", "--server", "127.0.0.1", "--port", str(listener.port),
+                               "--from", "alice@test.example", "--to", "bob@far.example",
+                               "--helo", "swaks.example", "--auth", mechanism,
+                               "--auth-user", "alice", "--auth-password", password],
+                              capture_output=True, timeout=TIMEOUT)
+    with ListenerProcess(tls_home, env=submission_env(tls_home)) as listener:
+        wrong = swaks("guess")
+        assert wrong.returncode != 0
+        assert b"<~* 535 authentication failed (#5.7.8)" in wrong.stdout, wrong.stdout
+        assert queued(tls_home) == []
+        done = swaks("s3cret")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert b"<~  235 ok, go ahead (#2.0.0)" in done.stdout
+        assert listener.stop() == 0
+    [msg] = queued(tls_home)
+    assert msg.recipients == [b"bob@far.example"]
+
+
 # --- AUTH -----------------------------------------------------------------------------------
 
 def test_submission_smtplib_login_grants_relaying(tls_home, certs):
