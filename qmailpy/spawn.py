@@ -4,10 +4,15 @@ Command (send -> spawner): {slot byte}{S/n}\\0{sender}\\0{recipient}\\0
 Reply   (spawner -> send): {slot byte}{K|Z|D}{text}\\0
 Greeting (spawner -> send): one byte, the spawner's slot count.
 
-serve() is the spawner end: one forked child per delivery, no exec, so a
-delivery costs a fork rather than a fresh interpreter. The parent keeps the
-write end of each child's output pipe open until the child is reaped, so EOF
-on the read end means "child gone and every byte of its output read".
+serve() is the spawner end. By default each delivery runs in a child forked for
+it, no exec, so a delivery costs a fork rather than a fresh interpreter; the
+parent keeps the write end of each child's output pipe open until the child is
+reaped, so EOF on the read end means "child gone and every byte of its output
+read". With a pool (qmail-lspawn's delivery workers, qmailpy.local.workerpool)
+each delivery is handed to a long-lived worker instead, with the message and the
+write end of its output pipe; it is over once the worker has reported its exit
+status and every byte of output was read (EOF: the worker and anything it ran
+closed the pipe).
 """
 import errno
 import os
@@ -141,12 +146,13 @@ def check_command(cmd, slots, busy, expected_owner):
 
 
 class _Delivery:
-    __slots__ = ("pid", "read_fd", "write_fd", "output", "wstat")
+    __slots__ = ("pid", "read_fd", "write_fd", "output", "wstat", "eof")
 
     def __init__(self, pid, read_fd, write_fd):
         self.pid, self.read_fd, self.write_fd = pid, read_fd, write_fd
         self.output = bytearray()
         self.wstat = None
+        self.eof = False
 
 
 def _run_child(run_delivery, messfd, out_w, cmd):
@@ -177,13 +183,21 @@ def _run_child(run_delivery, messfd, out_w, cmd):
         os._exit(code if isinstance(code, int) else 111)
 
 
-def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=1):
+def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=1, pool=None):
     """Run a spawner until its command pipe closes and every delivery has reported.
 
     run_delivery(sender, recipient) runs in a forked child with the message on
     fd 0 and the report pipe on fds 1 and 2; it returns an exit status (or
     execs). report(wstat, output) -> bytes (letter + text) turns a finished
     child into its reply. The working directory must be queue/mess.
+
+    pool: instead of forking, pool.start(cmd, messfd, out_w) hands the delivery to
+    a worker (the pool keeps neither fd) and returns None, or returns the
+    (wstat, output) of a delivery that needed no worker; pool.register(selector)
+    puts its workers' channels in the loop with key data ("pool", worker), and
+    pool.readable(worker) returns the [(slot, wstat)] of deliveries it finished.
+    pool.timeout() is how long the loop may sleep (None: forever) and
+    pool.tick() retires idle workers.
     """
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     wake_r, wake_w = os.pipe()
@@ -211,6 +225,8 @@ def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=
     sel.register(wake_r, selectors.EVENT_READ, "wake")
     reader = CommandReader()
     reading = True
+    if pool is not None:
+        pool.register(sel)
 
     def reap():
         while True:
@@ -226,6 +242,13 @@ def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=
                     os.close(d.write_fd)
                     d.write_fd = -1
 
+    def finish(slot):
+        d = deliveries[slot]
+        if not d.eof or d.wstat is None:
+            return
+        del deliveries[slot]
+        send(encode_reply(slot, report(d.wstat, bytes(d.output))))
+
     def start(cmd):
         error, messfd = check_command(cmd, slots, deliveries, expected_owner)
         if error is not None:
@@ -238,6 +261,21 @@ def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=
             send(encode_reply(cmd.slot, b"Zqmail-spawn unable to create pipe. (#4.3.0)\n"))
             return
         os.set_inheritable(out_r, False)
+        if pool is not None:
+            try:
+                done = pool.start(cmd, messfd, out_w)
+            except OSError:
+                done = (111 << 8, b"Zqmail-spawn unable to fork. (#4.3.0)\n")
+            finally:
+                os.close(messfd)
+                os.close(out_w)
+            if done is not None:
+                os.close(out_r)
+                send(encode_reply(cmd.slot, report(*done)))
+                return
+            deliveries[cmd.slot] = _Delivery(None, out_r, -1)
+            sel.register(out_r, selectors.EVENT_READ, cmd.slot)
+            return
         try:
             pid = os.fork()
         except OSError:
@@ -254,12 +292,18 @@ def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=
 
     while reading or deliveries:
         try:
-            events = sel.select()
+            events = sel.select(None if pool is None else pool.timeout())
         except InterruptedError:
             events = []
         reap()
         for key, _ in events:
             tag = key.data
+            if isinstance(tag, tuple):              # ("pool", worker): a worker reported
+                for slot, wstat in pool.readable(tag[1]):
+                    if slot in deliveries:
+                        deliveries[slot].wstat = wstat
+                        finish(slot)
+                continue
             if tag == "wake":
                 try:
                     while os.read(wake_r, 512):
@@ -292,14 +336,18 @@ def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=
                     if len(d.output) < OUTPUT_MAX:
                         d.output += data[:OUTPUT_MAX - len(d.output)]
                     continue
-                if d.wstat is None:
+                if d.wstat is None and d.pid is not None:
                     # EOF before the child was reaped cannot happen while we hold the
                     # write end; reap synchronously to be safe.
                     _, d.wstat = os.waitpid(d.pid, 0)
                 sel.unregister(d.read_fd)
                 os.close(d.read_fd)
-                del deliveries[tag]
-                send(encode_reply(tag, report(d.wstat, bytes(d.output))))
+                d.eof = True
+                finish(tag)
+        if pool is not None:
+            pool.tick()
+    if pool is not None:
+        pool.close()
     signal.set_wakeup_fd(-1)
     return 0
 

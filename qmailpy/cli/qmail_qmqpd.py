@@ -1,4 +1,5 @@
-"""qmail-qmqpd [-c limit] [-t timeout] [--tcp HOST:PORT]: the queue server (qmail-qmqpd(8)).
+"""qmail-qmqpd [-c limit] [-t timeout] [-n uses] [-i seconds] [--tcp HOST:PORT]: the queue
+server (qmail-qmqpd(8)).
 
 Listens on QMAILHOME/run/qmqp.sock (or on the sockets systemd passes), and with
 --tcp also on HOST:PORT for the clients control/qmqpclients allows. Started as
@@ -25,10 +26,17 @@ def _parse(argv):
                         help="connections handled at once (default 40)")
     parser.add_argument("-t", dest="timeout", type=float, default=None, metavar="SECONDS",
                         help="time a connection may take (default 1200)")
+    parser.add_argument("-n", dest="max_use", type=int, default=None, metavar="USES",
+                        help="requests one queueing worker serves (default 100)")
+    parser.add_argument("-i", dest="max_idle", type=float, default=None, metavar="SECONDS",
+                        help="idle time after which a worker exits (default 100)")
     parser.add_argument("--tcp", metavar="HOST:PORT", help="also answer QMQP on TCP")
     args = parser.parse_args(argv)
-    if args.limit is not None and args.limit < 1:
-        parser.error("-c needs a positive number")
+    for name, option in (("limit", "-c"), ("max_use", "-n")):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error("%s needs a positive number" % option)
+    if args.max_idle is not None and args.max_idle <= 0:
+        parser.error("-i needs a positive number of seconds")
     if args.timeout is not None and args.timeout <= 0:
         parser.error("-t needs a positive number of seconds")
     if args.tcp is not None:
@@ -49,7 +57,7 @@ def main(argv=None):
     from qmailpy.smtpd.listener import Rules
     home = os.path.abspath(qmail_home())
     root = os.geteuid() == 0
-    qmailqueue.prepare(home)           # once, for every forked child
+    qmailqueue.prepare(home)           # once, for every queueing worker
     try:
         roles = privs.load_roles(home)
         owner = privs.account(home, "qmailq", roles)
@@ -110,7 +118,9 @@ def main(argv=None):
             where.append("%s:%d" % tcp.getsockname()[:2])
         _say("listening on %s" % " and ".join(where))
 
-    kwargs = {k: v for k, v in (("limit", args.limit), ("timeout", args.timeout)) if v is not None}
+    kwargs = {k: v for k, v in (("limit", args.limit), ("timeout", args.timeout),
+                                ("max_use", args.max_use), ("max_idle", args.max_idle))
+              if v is not None}
     try:
         return server.Server(home, local, tcp, tcp_uid, rules, warn=warn, **kwargs).serve(ready)
     finally:

@@ -1,5 +1,6 @@
-"""qmail-smtpd-listen [-c limit] [-s perclient] [-l localname] HOST:PORT: a forking listener
-for qmail-smtpd.
+"""qmail-smtpd-listen [-c limit] [-s perclient] [-n uses] [-i seconds] [-l localname] HOST:PORT:
+a listener for qmail-smtpd whose session workers serve many connections each (at most
+`uses`, and none after `seconds` idle).
 
 Per-client rules (tcprules' source format) come from control/smtpclients. Run with
 SMTPAUTH=! in its environment it is a submission port (STARTTLS, then AUTH before MAIL).
@@ -8,24 +9,23 @@ import os
 import sys
 
 USAGE = ("qmail-smtpd-listen: usage: qmail-smtpd-listen [ -c limit ] [ -s perclient ]"
-         " [ -l localname ] host:port\n")
+         " [ -n uses ] [ -i seconds ] [ -l localname ] host:port\n")
 
 
 def _parse(argv):
     from qmailpy.inject.sgetopt import GetoptError, sgetopt
     try:
-        opts, args = sgetopt(argv, "c:s:l:")
+        opts, args = sgetopt(argv, "c:s:n:i:l:")
     except GetoptError:
         return None
-    limit, per_source, local = 40, None, None
+    from qmailpy.workerserver import DEFAULT_MAX_IDLE, DEFAULT_MAX_USE
+    numbers = {"c": 40, "s": None, "n": DEFAULT_MAX_USE, "i": DEFAULT_MAX_IDLE}
+    local = None
     for opt, value in opts:
-        if opt in ("c", "s"):
+        if opt in numbers:
             if not value.isascii() or not value.isdigit() or int(value) < 1:
                 return None
-            if opt == "c":
-                limit = int(value)
-            else:
-                per_source = int(value)
+            numbers[opt] = int(value)
         elif opt == "l":
             local = value
     if len(args) != 1:
@@ -33,7 +33,7 @@ def _parse(argv):
     host, sep, port = args[0].rpartition(":")
     if not sep or not port.isdigit() or not host:
         return None
-    return host.strip("[]"), int(port), limit, per_source, local
+    return host.strip("[]"), int(port), numbers, local
 
 
 def _warn(text):
@@ -51,10 +51,10 @@ def main(argv=None):
     if parsed is None:
         sys.stderr.write(USAGE)
         return 100
-    host, port, limit, per_source, local = parsed
+    host, port, numbers, local = parsed
     from qmailpy.home import ControlError, control_value, qmail_home
     from qmailpy.smtpd.listener import Listener, Rules
-    # Loaded once here so that each forked session starts with them in memory.
+    # Loaded once here so that each session worker starts with them in memory.
     from qmailpy.smtpd import privileges, session
     from qmailpy import privs
     privileges.preload()
@@ -65,7 +65,7 @@ def main(argv=None):
         import importlib
         importlib.import_module("qmailpy.smtpd.auth")
         tls.preload()
-    # ... and the accounts every session and queueing child switches to.
+    # ... and the accounts every session worker and queueing child switches to.
     from qmailpy.queue import qmailqueue
     qmailqueue.prepare(home)
     if local is None:
@@ -75,11 +75,24 @@ def main(argv=None):
             me = None
         local = me.decode("ascii", "replace") if me else None
 
-    def handler(environ):
+    dropped = []
+
+    def setup():
+        # Once per worker: a worker that cannot give up root serves nobody.
         try:
             os.chdir(home)
             privileges.drop(home)
         except (OSError, privs.PrivError):
+            return
+        dropped.append(True)
+
+    def handler(environ):
+        if not dropped:
+            os.write(1, session.R_CONTROLS)
+            return 1
+        try:
+            os.chdir(home)
+        except OSError:
             os.write(1, session.R_CONTROLS)
             return 1
         return session.serve(home, environ)
@@ -90,8 +103,9 @@ def main(argv=None):
         sys.stderr.write("qmail-smtpd-listen: fatal: %s\n" % error)
         return 111
     try:
-        listener = Listener(host, port, handler, limit=limit, local_host=local,
-                            rules=rules, warn=_warn, per_source=per_source)
+        listener = Listener(host, port, handler, limit=numbers["c"], local_host=local,
+                            rules=rules, warn=_warn, per_source=numbers["s"], setup=setup,
+                            max_use=numbers["n"], max_idle=numbers["i"])
     except OSError as e:
         sys.stderr.write("qmail-smtpd-listen: fatal: unable to bind %s:%d: %s\n"
                          % (host, port, e.strerror))

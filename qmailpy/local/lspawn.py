@@ -1,23 +1,27 @@
 """qmail-lspawn: local deliveries for qmail-send (qmail-lspawn(8); docs/delivery.md "qmail-lspawn (root)").
 
 Commands arrive on fd 0 and replies leave on fd 1 in the spawn protocol
-(qmailpy.spawn). Each delivery runs in a child forked from this process
-without an exec: the child finds the recipient (qmailpy.local.users), becomes
-that account, and runs qmail-local's code (qmailpy.local.deliver) with the
-message on fd 0 and the report pipe on fds 1 and 2. Its exit status and
-output become the K/Z/D reply. Everything a child needs is imported here,
-before the first fork, so a delivery costs a fork and no imports.
+(qmailpy.spawn). qmail-lspawn finds the recipient (qmailpy.local.users) and
+hands the delivery to a delivery worker running as that account
+(qmailpy.local.workerpool): a process forked from this one without an exec,
+which runs qmail-local's code (qmailpy.local.deliver) with the message on fd 0
+and the report pipe on fds 1 and 2, and then waits for the next delivery to
+the same account. Its exit status and output become the K/Z/D reply.
+Everything a worker needs is imported here, before the first fork, so a
+delivery costs neither an interpreter start nor (once a worker for that
+account is idle) a fork.
 
-Privileges: run as root (as qmail-start does), a child switches to the
-recipient's uid and gid (groups = just that gid) and refuses uid 0 (exit
-113). Run as an ordinary user, no switch is possible: a recipient whose uid
-is this process's uid is delivered as usual (a single-user home, where
-users/assign and the alias role name that one account), any other
-recipient gets a temporary failure that says so.
+Privileges: run as root (as qmail-start does), a worker switches to its
+recipient's uid and gid (groups = just that gid) in every slot, for good,
+and uid 0 is refused (exit 113). Run as an ordinary user, no switch is
+possible: a recipient whose uid is this process's uid is delivered as usual
+(a single-user home, where users/assign and the alias role name that one
+account), any other recipient gets a temporary failure that says so.
 
-The passwd lookup (qmail's qmail-getpw, which qmail runs as qmailp) happens
-in the child itself, before the switch: it only reads the passwd database
-and stats home directories.
+The lookup (users/cdb, then the passwd database: qmail's qmail-getpw, which
+qmail runs as qmailp) happens in qmail-lspawn itself, before a worker is
+chosen: it only reads users/cdb and the passwd database and stats home
+directories.
 """
 import os
 import signal
@@ -138,4 +142,7 @@ def run(home, aliasempty, infd=0, outfd=1):
     def run_delivery(sender, recipient):
         return deliver_one(home, aliasempty, sender, recipient)
 
-    return spawn.serve(run_delivery, report, expected_owner=owner, infd=infd, outfd=outfd)
+    from qmailpy.local.workerpool import DeliveryWorkers
+    pool = DeliveryWorkers(home, aliasempty)
+    return spawn.serve(run_delivery, report, expected_owner=owner, infd=infd, outfd=outfd,
+                       pool=pool)

@@ -2,11 +2,13 @@
 
 C qmail forks a child per Maildir line; here the work happens in-process,
 relative to a directory descriptor (no chdir), with the same steps and the
-same results. Because every line of one delivery shares a pid, a name is
-taken only if neither tmp/NAME nor new/NAME exists (C qmail checks tmp/
-alone, its children having different pids). After the link, new/ is
-fsync'd too, so a reported success survives a crash (qmail syncs the file
-only; we may sync more, never less).
+same results. One process makes many deliveries (qmail-lspawn's delivery
+workers serve one account for up to a thousand), so a name is maildir(5)'s
+modern unique name, TIME.MmicrosecondsPpidQcount.HOST (Q: the deliveries this
+process has named so far), where C qmail's TIME.PID.HOST relies on a fresh pid
+per delivery. It is still taken only if neither tmp/NAME nor new/NAME
+exists. After the link, new/ is fsync'd too, so a reported success survives a
+crash (qmail syncs the file only; we may sync more, never less).
 """
 import os
 import signal
@@ -35,11 +37,17 @@ def _hostname():
     return os.uname().nodename.encode("utf-8", "surrogateescape")[:64]
 
 
+_named = 0      # names made by this process (maildir(5)'s Q)
+
+
 def _free_name(dirfd):
+    global _named
     pid = os.getpid()
     host = _hostname()
     for loop in range(3):
-        name = b"%d.%d.%s" % (int(time.time()), pid, host)
+        _named += 1
+        now = time.time_ns() // 1000
+        name = b"%d.M%dP%dQ%d.%s" % (now // 1000000, now % 1000000, pid, _named, host)
         for sub in (b"tmp/", b"new/"):
             try:
                 os.stat(sub + name, dir_fd=dirfd)

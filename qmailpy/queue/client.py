@@ -113,13 +113,21 @@ class Result:
         return "Result(code=%r, pid=%r, text=%r)" % (self.code, self.pid, self.text)
 
 
-def QueueClient(home, environ=None):
+def QueueClient(home, environ=None, prefer_server=False):
     """Start queueing one message: a ForkedQueue child, or with $QMAILQUEUE unset and no
-    queue rights, a ServerSubmission to qmail-qmqpd. Both have write/finish/abort."""
+    queue rights, a ServerSubmission to qmail-qmqpd. Both have write/finish/abort.
+
+    prefer_server: a long-lived caller with queue rights (a qmail-smtpd session worker)
+    hands the message to qmail-qmqpd too, which queues it without a fork, and forks
+    qmail-queue's code itself only when no server answers."""
     environ = os.environ if environ is None else environ
     program = environ.get("QMAILQUEUE")
-    if program is None and not has_queue_rights(home):
-        return ServerSubmission(home)
+    if program is None:
+        if not has_queue_rights(home):
+            return ServerSubmission(home)
+        from qmailpy.mess import NOT_BEFORE
+        if prefer_server and NOT_BEFORE not in os.environ:
+            return ServerSubmission(home, fallback=True)
     return ForkedQueue(home, program)
 
 
@@ -135,9 +143,14 @@ def code_of(marked):
 
 
 class ServerSubmission:
-    """One message for qmail-qmqpd: kept in memory, sent in one request at finish()."""
+    """One message for qmail-qmqpd: kept in memory, sent in one request at finish().
 
-    def __init__(self, home):
+    fallback: when no server can be reached, queue it with a ForkedQueue instead (only
+    for a caller with queue rights). A server reached that fails mid-request is not
+    retried so: the message may have been queued."""
+
+    def __init__(self, home, fallback=False):
+        self.home, self.fallback = home, fallback
         self.path = os.path.join(home, SOCKET)
         self.pid = None
         self._buf = bytearray()
@@ -163,7 +176,8 @@ class ServerSubmission:
                                   b" (#4.3.0)" % NOT_BEFORE.encode())
             return self._result
         from qmailpy.queue import qmqp
-        request = qmqp.request(bytes(self._buf), sender, recipients)
+        request_message = bytes(self._buf)
+        request = qmqp.request(request_message, sender, recipients)
         self._buf = bytearray()
         try:
             answer = qmqp.exchange(self.path, request, SERVER_TIMEOUT)
@@ -172,6 +186,9 @@ class ServerSubmission:
                                   b" failed: %s (#4.3.0)" % (os.fsencode(self.path), e.reason.encode()))
             return self._result
         except qmqp.Unreachable as e:
+            if self.fallback:
+                self._result = self._forked(request_message, sender, recipients)
+                return self._result
             self._result = Result(NO_SERVER, None, b"Zno queue server at %s: %s;"
                                   b" is qmail-qmqpd running? (#4.3.0)"
                                   % (os.fsencode(self.path), e.reason.encode()))
@@ -182,6 +199,15 @@ class ServerSubmission:
             answer = b""
         self._result = Result(code, self.pid, answer)
         return self._result
+
+
+    def _forked(self, message, sender, recipients):
+        try:
+            forked = ForkedQueue(self.home)
+        except QueueStartError:
+            return Result(None, None, b"Zqqt failure (#4.3.0)")
+        forked.write(message)
+        return forked.finish(sender, recipients)
 
 
 class ForkedQueue:

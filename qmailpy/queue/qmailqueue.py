@@ -91,6 +91,14 @@ def _setup_signals():
     signal.alarm(DEATH)
 
 
+def setup_resident():
+    """In a long-lived process running qmail-queue's code for one request after another
+    (qmail-qmqpd's workers): qmail-queue's ignored signals, once. Its 24-hour alarm is
+    not armed: the server bounds each request with its own deadline."""
+    for name in _IGNORED:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
 def prepare(home):
     """Load what run() needs and resolve the home's accounts, in a long-lived caller.
 
@@ -125,7 +133,8 @@ def run(home, msg_fd=0, env_fd=1):
                     not_before=not_before)
 
 
-def run_from(home, read_message, read_envelope, uid=None, tidy=False, not_before=None):
+def run_from(home, read_message, read_envelope, uid=None, tidy=False, not_before=None,
+             resident=False):
     """run() with the message and the envelope from two read functions.
 
     Each returns the next bytes (b"" at the end) or raises OSError. uid is the
@@ -133,9 +142,11 @@ def run_from(home, read_message, read_envelope, uid=None, tidy=False, not_before
     qmail-qmqpd passes the uid the kernel reported for its client. With tidy,
     every failure after the message file was made removes it (qmail-queue
     itself leaves S2/S3 files to the 36-hour cleanups on some failures).
-    not_before (epoch seconds) becomes the mess file's mtime.
+    not_before (epoch seconds) becomes the mess file's mtime. resident: the caller
+    lives on after this message (setup_resident() was called once), so this
+    process's signal handling is left as it is.
     """
-    queue = _Queue(home, read_message, read_envelope, uid, not_before)
+    queue = _Queue(home, read_message, read_envelope, uid, not_before, resident)
     try:
         return queue.run()
     except _Exit as e:
@@ -151,9 +162,10 @@ def run_from(home, read_message, read_envelope, uid=None, tidy=False, not_before
 
 
 class _Queue:
-    def __init__(self, home, read_message, read_envelope, uid=None, not_before=None):
+    def __init__(self, home, read_message, read_envelope, uid=None, not_before=None,
+                 resident=False):
         self.home, self.read_message, self.read_envelope = home, read_message, read_envelope
-        self.uid, self.not_before = uid, not_before
+        self.uid, self.not_before, self.resident = uid, not_before, resident
         self.mess_fd = self.intd_fd = None
         self.messfn = self.intdfn = None
         self.queue_fd = None
@@ -184,7 +196,8 @@ class _Queue:
         self.die(53)
 
     def run(self):
-        _setup_signals()                  # the alarm is armed before any file is touched
+        if not self.resident:
+            _setup_signals()              # the alarm is armed before any file is touched
         os.umask(0o033)
         pid = os.getpid()
         uid = os.getuid() if self.uid is None else self.uid

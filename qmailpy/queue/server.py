@@ -1,30 +1,33 @@
 """qmail-qmqpd's work: answer QMQP requests by queueing them (qmail-qmqpd(8)).
 
 One long-lived process, running as the queue's owner, listens on the local
-socket (every local user may connect) and optionally on TCP. For each
-connection it forks (no exec: qmail-queue's code is already loaded, see
-qmailqueue.prepare); the child reads one request against a deadline and runs
-qmail-queue's code (qmailqueue.run_from) while it reads, with the message
-streamed into mess/ (qmailpy.mess) and the envelope into intd/ (or the log),
-for the uid the kernel reports for a local client (SO_PEERCRED) or qmaild's uid
-for a TCP client ("from network"). Its answer is qmail-qmqpd's: "Kok TIME qp PID",
+socket (every local user may connect) and optionally on TCP, and hands each
+connection to a queueing worker (qmailpy.workerserver): a process forked from
+the server once, with no exec (qmail-queue's code is already loaded, see
+qmailqueue.prepare), that serves one request at a time and many in its life.
+For each request the worker reads against a deadline and runs qmail-queue's
+code (qmailqueue.run_from) while it reads, with the message streamed into
+mess/ (qmailpy.mess) and the envelope into intd/ (or the log), for the uid the
+kernel reports for a local client (SO_PEERCRED) or qmaild's uid for a TCP
+client ("from network"). Workers queueing at the same time share their fsyncs
+where the backend allows it (the log backend's group commit). Its answer is qmail-qmqpd's: "Kok TIME qp PID",
 or qmail-queue's text for its exit code. A request that breaks the protocol,
 ends early or outlasts the deadline leaves nothing in the queue: every file
 made for it is removed before the answer (or the close).
 
 TCP clients are checked against control/qmqpclients (tcprules' source format,
-qmailpy.smtpd.listener.Rules) before any fork; a denied one is closed unanswered.
+qmailpy.smtpd.listener.Rules) before a worker sees them; a denied one is closed unanswered.
 """
 import os
 import socket
 import struct
 import time
 
-from qmailpy.forkserver import REFUSED, ForkingServer
+from qmailpy.workerserver import DEFAULT_MAX_IDLE, DEFAULT_MAX_USE, REFUSED, WorkerServer
 from qmailpy.queue.client import explain
 from qmailpy.queue.qmqp import netstring
 
-DEFAULT_LIMIT = 40            # children at once; more connections wait in the backlog
+DEFAULT_LIMIT = 40            # requests served at once; more connections wait in the backlog
 DEFAULT_TIMEOUT = 1200        # seconds a connection may take, from accept to answer
 _CHUNK = 65536
 _MAX_DIGITS = 20
@@ -176,7 +179,7 @@ def peer_uid(conn):
 
 
 def handle(home, conn, uid, timeout):
-    """Read, queue and answer one request in a forked child; the exit status."""
+    """Read, queue and answer one request in a worker; the exit status."""
     from qmailpy.home import ControlError, control_int
     from qmailpy.queue.qmailqueue import run_from
     request = Request(conn, time.monotonic() + timeout)
@@ -191,7 +194,8 @@ def handle(home, conn, uid, timeout):
         except BadRequest:
             pass
         else:
-            code = run_from(home, request.read_message, request.read_envelope, uid, tidy=True)
+            code = run_from(home, request.read_message, request.read_envelope, uid, tidy=True,
+                            resident=True)
     if request.failure is not None:
         answer = request.failure
     elif code == 0:
@@ -206,12 +210,13 @@ def handle(home, conn, uid, timeout):
     return 0 if code == 0 else 1
 
 
-class Server(ForkingServer):
-    """qmail-qmqpd's accept loop (qmailpy.forkserver): one child per request."""
+class Server(WorkerServer):
+    """qmail-qmqpd's accept loop (qmailpy.workerserver): requests handed to queueing workers."""
 
     def __init__(self, home, local=None, tcp=None, tcp_uid=None, rules=None,
-                 limit=DEFAULT_LIMIT, timeout=DEFAULT_TIMEOUT, warn=None):
-        super().__init__([s for s in (local, tcp) if s is not None], limit)
+                 limit=DEFAULT_LIMIT, timeout=DEFAULT_TIMEOUT, warn=None,
+                 max_use=DEFAULT_MAX_USE, max_idle=DEFAULT_MAX_IDLE):
+        super().__init__([s for s in (local, tcp) if s is not None], limit, max_use, max_idle)
         self.home = home
         self.local, self.tcp, self.tcp_uid = local, tcp, tcp_uid
         self.rules, self.warn = rules, warn
@@ -226,7 +231,11 @@ class Server(ForkingServer):
         except OSError:
             return REFUSED
 
-    def child(self, sock, conn, remote, uid):
+    def worker_started(self):
+        from qmailpy.queue.qmailqueue import setup_resident
+        setup_resident()
+
+    def child(self, sock_index, conn, uid):
         return handle(self.home, conn, uid, self.timeout)
 
     def _allowed(self, ip):

@@ -1,12 +1,15 @@
-"""A small forking TCP listener for qmail-smtpd (what tcpserver does for qmail).
+"""A TCP listener for qmail-smtpd (what tcpserver does for qmail), with session workers.
 
-For each connection the listener forks (qmailpy.forkserver); the child sets the tcpserver
-environment (PROTO=TCP, TCPREMOTEIP/PORT, TCPLOCALIP/PORT, TCPLOCALHOST), puts
-the connection on fds 0 and 1 and runs the session code directly: no exec, so
-a connection costs a fork, not an interpreter start. At most `limit` children
-run at once; further connections wait in the kernel's backlog. SIGTERM (or
-SIGINT) closes the listening socket and ends the listener; sessions in progress
-finish on their own.
+The listener hands each connection to a session worker (qmailpy.workerserver): a
+process forked from the listener once, with no exec, that serves one session at a
+time and up to max_use sessions in its life. For each session the worker sets the
+tcpserver environment (PROTO=TCP, TCPREMOTEIP/PORT, TCPLOCALIP/PORT, TCPLOCALHOST),
+puts the connection on fds 0 and 1 and runs the session code; afterwards fds 0
+and 1 point at /dev/null again, so nothing of one session reaches the next. So a
+connection costs neither an interpreter start nor a fork. At most `limit`
+sessions run at once; further connections wait in the kernel's backlog. SIGTERM
+(or SIGINT) closes the listening socket and ends the listener; sessions in
+progress finish on their own, then their workers exit.
 
 Rules (tcprules' source format, see Rules) decide per client address whether a
 connection is refused before any session runs or which variables its session
@@ -14,13 +17,13 @@ gets, as tcpserver -x does.
 
 Not in tcpserver: at most `per_source` sessions run at once for one client
 address (an IPv4 client of a dual-stack socket counted by its IPv4 address); a
-connection beyond that is answered PER_SOURCE_REPLY and closed before any fork,
-so one client cannot take every session slot.
+connection beyond that is answered PER_SOURCE_REPLY and closed before it reaches a
+worker, so one client cannot take every session slot.
 """
 import os
 import socket
 
-from qmailpy.forkserver import REFUSED, ForkingServer
+from qmailpy.workerserver import DEFAULT_MAX_IDLE, DEFAULT_MAX_USE, REFUSED, WorkerServer
 from qmailpy.smtpd.tcpenv import unmapped
 
 PER_SOURCE_REPLY = b"421 too many connections from your address (#4.3.2)\r\n"
@@ -31,10 +34,14 @@ def default_per_source(limit):
     return (limit + 1) // 2
 
 
-class Listener(ForkingServer):
+class Listener(WorkerServer):
     def __init__(self, host, port, handler, limit=40, local_host=None, environ=None,
-                 rules=None, warn=None, per_source=None):
-        """handler(environ) -> exit status, run in the child with fds 0/1 connected.
+                 rules=None, warn=None, per_source=None, setup=None,
+                 max_use=DEFAULT_MAX_USE, max_idle=DEFAULT_MAX_IDLE):
+        """handler(environ) -> exit status, run in a worker with fds 0/1 connected.
+
+        setup(): run once in each new worker before its first session (to give up
+        root); an exception there ends that worker.
 
         rules: a Rules object consulted for each connection; warn(text) is told when
         a changed rules file cannot be used (the previous rules stay in force).
@@ -44,7 +51,7 @@ class Listener(ForkingServer):
         self.handler = handler
         self.per_source = default_per_source(limit) if per_source is None else per_source
         self.active = {}            # client address -> sessions running
-        self.source_of = {}         # session pid -> client address
+        self.setup = setup
         self.rules = rules
         self.warn = warn
         self.local_host = local_host
@@ -55,16 +62,18 @@ class Listener(ForkingServer):
         self.sock.bind((host, port))
         self.sock.listen(128)
         self.address = self.sock.getsockname()[:2]
-        super().__init__([self.sock], limit)
+        super().__init__([self.sock], limit, max_use, max_idle)
 
     def admit(self, sock, conn, remote):
-        """The client's rule variables, or REFUSED (checked before the fork: a denied
-        client costs none). An IPv4 client of a dual-stack socket is matched by its
+        """The client's rule variables, or REFUSED (checked before a worker is involved: a
+        denied client costs none). An IPv4 client of a dual-stack socket is matched by its
         IPv4 address, as tcpserver names it."""
         ip = unmapped(remote[0])
         allow, variables = self._rule_for(ip)
         if not allow:
             return REFUSED
+        if self.active.get(ip, 0) >= self.per_source:
+            self.settle()                   # sessions that ended while we were busy
         if self.active.get(ip, 0) >= self.per_source:
             try:        # a fresh socket's buffer takes it; never wait for this client
                 conn.send(PER_SOURCE_REPLY, socket.MSG_DONTWAIT)
@@ -73,25 +82,31 @@ class Listener(ForkingServer):
             return REFUSED
         return ip, variables
 
-    def child(self, sock, conn, remote, context):
-        return self._child(conn, remote, context[1])
+    def worker_started(self):
+        _release_connection()       # the listener's own fds 0 and 1 are not a session's
+        if self.setup is not None:
+            self.setup()
 
-    def forked(self, pid, context):
+    def child(self, sock_index, conn, context):
+        try:
+            return self._child(conn, conn.getpeername(), context[1])
+        finally:
+            _release_connection()
+
+    def dispatched(self, worker, context):
         ip = context[0]
         self.active[ip] = self.active.get(ip, 0) + 1
-        self.source_of[pid] = ip
 
-    def reaped(self, pid):
-        ip = self.source_of.pop(pid, None)
-        if ip is not None:
-            left = self.active[ip] - 1
-            if left:
-                self.active[ip] = left
-            else:
-                del self.active[ip]
+    def finished(self, worker, context):
+        ip = context[0]
+        left = self.active[ip] - 1
+        if left:
+            self.active[ip] = left
+        else:
+            del self.active[ip]
 
     def _rule_for(self, ip):
-        """(allow, variables) for a client; checked in the parent so a denied one costs no fork."""
+        """(allow, variables) for a client; checked in the listener so a denied one costs no worker."""
         if self.rules is None:
             return True, ()
         error = self.rules.refresh()
@@ -101,7 +116,7 @@ class Listener(ForkingServer):
 
     def _child(self, conn, remote, variables):
         local = conn.getsockname()
-        env = self.environ
+        env = dict(self.environ)            # each session starts from the listener's environment
         remote_ip, local_ip = unmapped(remote[0]), unmapped(local[0])
         for name in ("TCP6REMOTEIP", "TCP6REMOTEPORT", "TCP6LOCALIP", "TCP6LOCALPORT"):
             env.pop(name, None)
@@ -126,6 +141,16 @@ class Listener(ForkingServer):
         os.environ.clear()
         os.environ.update(env)
         return self.handler(env)
+
+
+def _release_connection():
+    """After a session: fds 0 and 1 on /dev/null, so the client sees the connection close."""
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+    finally:
+        os.close(null)
 
 
 class Rules:

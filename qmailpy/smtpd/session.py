@@ -484,7 +484,7 @@ class Session:
                 qq = self._queue_client(self.home, self.environ)
             else:
                 from qmailpy.queue.client import QueueClient
-                qq = QueueClient(self.home, self.environ)
+                qq = QueueClient(self.home, self.environ, prefer_server=True)
         except OSError:
             self.out += R_QQT
             return
@@ -560,4 +560,14 @@ _COMMANDS = {
 
 def serve(home, environ=None, in_fd=0, out_fd=1):
     """Run one session; the exit status qmail-smtpd would have."""
-    return Session(home, environ, in_fd, out_fd).run()
+    session = Session(home, environ, in_fd, out_fd)
+    try:
+        return session.run()
+    finally:
+        # In a session worker the process lives on: the TLS connection's own copy of the
+        # socket must close now, or the client would not see the session end.
+        if session.tls is not None:
+            try:
+                session.tls.close()
+            except OSError:
+                pass

@@ -1,0 +1,288 @@
+"""The accept loop shared by qmail-smtpd-listen and qmail-qmqpd: connections handed to workers.
+
+The server accepts on its listening sockets and hands each connection to an idle
+worker (qmailpy.workers), forking a new one only when none is idle and fewer than
+`limit` exist, as Postfix's master does for smtpd. A worker serves one connection
+at a time and many in its life: at most `max_use`, and it is retired after
+`max_idle` seconds without work. So a connection costs a descriptor passed over a
+socket pair, not a fork, and a crash still loses only the one connection the
+worker was serving.
+
+At most `limit` connections are served at once; further ones wait in the kernel's
+backlog (the listening sockets are not even watched then). admit() runs in the
+server before a connection is handed over, so a refused client costs no worker.
+SIGTERM or SIGINT closes the listening sockets and every worker's channel and ends
+the loop; a worker finishes the connection in hand, then reads EOF and exits.
+
+Hooks for subclasses: admit() and dispatched()/finished() run in the server;
+worker_started() runs once in each new worker, child() once per connection.
+"""
+import errno
+import gc
+import marshal
+import os
+import selectors
+import signal
+import time
+
+from qmailpy import workers
+
+REFUSED = object()          # admit(): close the connection unanswered
+
+DEFAULT_MAX_USE = 100       # connections per worker (Postfix's max_use)
+DEFAULT_MAX_IDLE = 100      # seconds a worker may wait for a connection (Postfix's max_idle)
+
+# accept() errors that mean "nothing to take now", not a broken socket
+_TRANSIENT = (errno.EAGAIN, errno.ECONNABORTED, errno.EINTR, errno.EMFILE, errno.ENFILE,
+              errno.ENOBUFS, errno.ENOMEM)
+
+
+class WorkerServer:
+    def __init__(self, listening, limit, max_use=DEFAULT_MAX_USE, max_idle=DEFAULT_MAX_IDLE):
+        self.listening = list(listening)
+        for sock in self.listening:
+            sock.setblocking(False)
+        self.limit = limit
+        self.max_use = max_use
+        self.max_idle = max_idle
+        self.pool = {}              # channel fd -> Worker, every worker that may take work
+        self.idle = []              # idle workers, the most recently used last
+        self._stop = False
+        self._wake = None
+        self._selector = None
+        self._watching = False
+
+    # -- for subclasses ------------------------------------------------------
+    def admit(self, sock, conn, remote):
+        """In the server: a context for child() (marshal-able), or REFUSED."""
+        return None
+
+    def worker_started(self):
+        """In a new worker, once, before its first connection."""
+
+    def child(self, sock_index, conn, context):
+        """In a worker, with conn blocking: the connection's exit status.
+
+        sock_index: which of the listening sockets accepted it. Raising ends the worker."""
+        raise NotImplementedError
+
+    def dispatched(self, worker, context):
+        """In the server, when a connection with admit()'s context went to worker."""
+
+    def finished(self, worker, context):
+        """In the server, when worker's connection ended (or the worker died with it)."""
+
+    # -- the loop --------------------------------------------------------------
+    def _on_term(self, signum, frame):
+        self._stop = True
+
+    def serve(self, ready=None):
+        """Accept until SIGTERM/SIGINT; ready() runs once the signal handlers are set."""
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        self._wake = (wake_r, wake_w)
+        handled = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT)
+        old = {s: signal.getsignal(s) for s in handled}
+        old_wakeup = signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda s, f: None)
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(wake_r, selectors.EVENT_READ, None)
+        gc.freeze()              # objects that exist now are never collected in a worker
+        try:
+            if ready is not None:
+                ready()
+            while not self._stop:
+                self._reap()
+                self._watch(bool(self.idle) or len(self.pool) < self.limit)
+                try:
+                    events = self._selector.select(self._next_retirement())
+                except InterruptedError:
+                    continue
+                # Workers' reports first: a connection just ended frees its slot (and its
+                # client's count) before the next one is accepted.
+                events.sort(key=lambda event: not isinstance(event[0].data, workers.Worker))
+                for key, _ in events:
+                    if key.data is None:
+                        _drain(wake_r)
+                    elif isinstance(key.data, workers.Worker):
+                        if key.data.fileno() in self.pool:
+                            self._from_worker(key.data)
+                    else:
+                        sock_index = key.data - 1
+                        while (not self._stop and (self.idle or len(self.pool) < self.limit)
+                               and self._accept(sock_index)):
+                            pass
+                self._retire_idle()
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for s, handler in old.items():
+                signal.signal(s, handler)
+            for sock in self.listening:
+                sock.close()
+            for worker in list(self.pool.values()):
+                self._retire(worker)
+            self._selector.close()
+            os.close(wake_r)
+            os.close(wake_w)
+        return 0
+
+    def settle(self):
+        """Take in every report workers have already sent (for admit(), before it refuses a
+        client for connections that may have just ended)."""
+        while True:
+            ready = [key.data for key, _ in self._selector.select(0)
+                     if isinstance(key.data, workers.Worker)]
+            if not ready:
+                return
+            for worker in ready:
+                if worker.fileno() in self.pool:
+                    self._from_worker(worker)
+
+    def _watch(self, wanted):
+        """Watch the listening sockets only while a connection could be served."""
+        if wanted == self._watching:
+            return
+        for index, sock in enumerate(self.listening):
+            if wanted:
+                self._selector.register(sock, selectors.EVENT_READ, index + 1)
+            else:
+                self._selector.unregister(sock)
+        self._watching = wanted
+
+    def _reap(self):
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    def _accept(self, sock_index):
+        """Accept one connection and hand it over; False when none was waiting."""
+        worker = self.idle.pop() if self.idle else self._spawn()
+        if worker is None:
+            return False
+        try:
+            conn, remote = self.listening[sock_index].accept()
+        except OSError as e:
+            self._idle(worker)
+            if e.errno in _TRANSIENT:
+                return False
+            raise
+        try:
+            context = self.admit(self.listening[sock_index], conn, remote)
+            if context is REFUSED:
+                self._idle(worker)
+                return True
+            job = marshal.dumps((sock_index, context))
+            try:
+                workers.send(worker.channel, job, [conn.fileno()])
+            except OSError:                 # it died since it was idle: one more try
+                self._drop(worker)
+                worker = self._spawn()
+                if worker is None:
+                    return True
+                try:
+                    workers.send(worker.channel, job, [conn.fileno()])
+                except OSError:
+                    self._drop(worker)
+                    return True
+        finally:
+            conn.close()
+        worker.busy, worker.job = True, context
+        worker.uses += 1
+        self.dispatched(worker, context)
+        return True
+
+    def _spawn(self):
+        """A new worker, or None when the fork fails (the connection waits in the backlog)."""
+        close = list(self.listening) + [w.channel for w in self.pool.values()] + list(self._wake)
+        close.append(self._selector)
+        try:
+            worker = workers.fork(self._worker_main, close)
+        except OSError:
+            return None
+        self.pool[worker.fileno()] = worker
+        self._selector.register(worker.channel, selectors.EVENT_READ, worker)
+        return worker
+
+    def _from_worker(self, worker):
+        try:
+            packet = workers.receive(worker.channel)
+        except OSError:
+            packet = None
+        if worker.busy:
+            worker.busy = False
+            context, worker.job = worker.job, None
+            self.finished(worker, context)
+        if packet is None:                  # the worker is gone
+            self._drop(worker)
+        elif worker.uses >= self.max_use:
+            self._retire(worker)
+        else:
+            self._idle(worker)
+
+    def _idle(self, worker):
+        worker.idle_since = time.monotonic()
+        self.idle.append(worker)
+
+    def _next_retirement(self):
+        if not self.idle:
+            return None
+        return max(0.0, self.idle[0].idle_since + self.max_idle - time.monotonic())
+
+    def _retire_idle(self):
+        now = time.monotonic()
+        while self.idle and now - self.idle[0].idle_since >= self.max_idle:
+            self._retire(self.idle[0])
+
+    def _retire(self, worker):
+        """No more work for it: it reads EOF and exits once its job (if any) is done."""
+        self._drop(worker)
+
+    def _drop(self, worker):
+        if worker in self.idle:
+            self.idle.remove(worker)
+        if self.pool.pop(worker.fileno(), None) is not None:
+            self._selector.unregister(worker.channel)
+        worker.channel.close()
+
+    # -- in a worker -----------------------------------------------------------
+    def _worker_main(self, channel):
+        signal.set_wakeup_fd(-1)
+        for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, signal.SIG_DFL)
+        self.worker_started()
+        import socket
+        while True:
+            packet = workers.receive(channel)
+            if packet is None:
+                return 0
+            payload, fds = packet
+            if len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
+                return 111
+            conn = socket.socket(fileno=fds[0])
+            try:
+                sock_index, context = marshal.loads(payload)
+                conn.setblocking(True)
+                status = self.child(sock_index, conn, context)
+            finally:
+                conn.close()
+            try:
+                workers.send(channel, b"%d" % (status if isinstance(status, int) else 111))
+            except OSError:
+                return 0                    # the server is gone
+
+
+def _drain(fd):
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass

@@ -1,0 +1,254 @@
+"""Long-lived workers instead of a fork per connection, request or delivery.
+
+qmail-smtpd-listen's session workers, qmail-qmqpd's queueing workers and
+qmail-lspawn's delivery workers each serve one job at a time and many in their
+life: these tests watch the real processes (their pids from /proc, psutil) while
+real clients talk to them, and check that nothing of one job reaches the next,
+that the limits on uses hold, and that a worker killed in the middle of a job
+loses that job only.
+"""
+import os
+import shutil
+import signal
+import smtplib
+import socket
+import subprocess
+
+import psutil
+import pytest
+from inotify_simple import INotify, flags
+
+from conftest import AS_ROOT
+from qmailpy import spawn
+from lspawn_harness import maildir_files
+from qmqpd_harness import QmqpServer, ask, connect, request
+from queue_view import queued
+from test_smtpd_support import TIMEOUT, ListenerProcess
+
+MESSAGE = b"Subject: w\r\n\r\nhi\r\n"
+GOOD = request(b"Subject: hi\n\nhello\n", b"a@example.org", [b"b@example.net"])
+
+
+def workers_of(pid):
+    return {p.pid for p in psutil.Process(pid).children()}
+
+
+def session_worker(listener):
+    """The pid of the listener's one worker while a session is open (-c 1)."""
+    found = workers_of(listener.proc.pid)
+    assert len(found) == 1, found
+    return found.pop()
+
+
+def greeted(port, source="127.0.0.1"):
+    conn = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT,
+                                    source_address=(source, 0))
+    assert conn.recv(100).startswith(b"220 ")
+    return conn
+
+
+def closed(conn):
+    """The peer closed the connection (a reset counts: it died with our bytes unread)."""
+    try:
+        data = conn.recv(100)
+    except ConnectionResetError:
+        data = b""
+    conn.close()
+    return data == b""
+
+
+def quit_(conn):
+    conn.sendall(b"QUIT\r\n")
+    assert conn.recv(100).startswith(b"221 ")
+    assert conn.recv(100) == b""            # the worker let go of the connection
+    conn.close()
+
+
+def test_one_session_worker_serves_connection_after_connection(qmail_home):
+    with ListenerProcess(qmail_home, "-c", "1") as listener:
+        pids = []
+        for _ in range(3):
+            conn = greeted(listener.port)
+            pids.append(session_worker(listener))
+            quit_(conn)
+        assert len(set(pids)) == 1, pids
+        with smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT) as client:
+            assert client.sendmail("me@test.example", ["you@test.example"], MESSAGE) == {}
+        assert workers_of(listener.proc.pid) == {pids[0]}
+        assert listener.stop() == 0
+    assert len(queued(qmail_home)) == 1
+
+
+def test_a_session_worker_retires_after_its_uses(qmail_home):
+    with ListenerProcess(qmail_home, "-c", "1", "-n", "2") as listener:
+        pids = []
+        for _ in range(3):
+            conn = greeted(listener.port)
+            pids.append(session_worker(listener))
+            quit_(conn)
+        assert pids[0] == pids[1] != pids[2], pids
+
+
+def test_an_idle_session_worker_retires(qmail_home):
+    with ListenerProcess(qmail_home, "-c", "1", "-i", "1") as listener:
+        conn = greeted(listener.port)
+        worker = psutil.Process(session_worker(listener))
+        quit_(conn)
+        worker.wait(timeout=TIMEOUT)        # gone after a second without work
+        assert workers_of(listener.proc.pid) == set()
+        quit_(greeted(listener.port))       # and a new one serves the next client
+
+
+def test_rule_variables_do_not_outlive_their_session(qmail_home):
+    """127.0.0.1 may relay (RELAYCLIENT from control/smtpclients); 127.0.0.2, served next
+    by the same worker, may not."""
+    qmail_home.control("smtpclients", '127.0.0.1:allow,RELAYCLIENT=""\n:allow\n')
+    env = dict(qmail_home.env)
+    env.pop("RELAYCLIENT", None)
+    with ListenerProcess(qmail_home, "-c", "1", env=env) as listener:
+        with smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT) as client:
+            first = session_worker(listener)
+            assert client.sendmail("me@test.example", ["far@elsewhere.example"], MESSAGE) == {}
+        with smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT,
+                          source_address=("127.0.0.2", 0)) as client:
+            assert session_worker(listener) == first
+            with pytest.raises(smtplib.SMTPRecipientsRefused):
+                client.sendmail("me@test.example", ["far@elsewhere.example"], MESSAGE)
+    assert [m.recipients for m in queued(qmail_home)] == [[b"far@elsewhere.example"]]
+
+
+def test_a_session_worker_killed_mid_session_loses_that_session_only(qmail_home):
+    with ListenerProcess(qmail_home, "-c", "1") as listener:
+        conn = greeted(listener.port)
+        conn.sendall(b"HELO x\r\nMAIL FROM:<a@test.example>\r\nRCPT TO:<b@test.example>\r\n"
+                     b"DATA\r\n")
+        replies = b""
+        while b"354 " not in replies:
+            data = conn.recv(1000)
+            assert data, replies
+            replies += data
+        conn.sendall(b"Subject: half\r\n")
+        os.kill(session_worker(listener), signal.SIGKILL)
+        assert closed(conn)
+        with smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT) as client:
+            assert client.sendmail("me@test.example", ["you@test.example"], MESSAGE) == {}
+    assert [m.recipients for m in queued(qmail_home)] == [[b"you@test.example"]]
+
+
+# --- qmail-qmqpd -------------------------------------------------------------------
+
+def qp(answer):
+    assert answer.startswith(b"Kok "), answer
+    return int(answer.rsplit(b" ", 1)[1])
+
+
+@pytest.mark.both_backends
+def test_queueing_workers_serve_request_after_request_without_a_fork(qmail_home):
+    with QmqpServer(qmail_home, "-c", "1", "-n", "3") as server:
+        pids = [qp(ask(server.socket, GOOD)) for _ in range(4)]
+        assert pids[0] == pids[1] == pids[2] != pids[3], pids
+        assert workers_of(server.proc.pid) == {pids[3]}
+    msgs = queued(qmail_home)
+    assert len(msgs) == 4
+    # the Received line names the process that queued it, as qmail-queue's does
+    assert sorted(int(m.mess.split(b" ")[2]) for m in msgs) == sorted(pids)
+
+
+@pytest.mark.both_backends
+def test_a_queueing_worker_killed_mid_request_queues_nothing_and_is_replaced(qmail_home):
+    with QmqpServer(qmail_home, "-c", "1", "-t", "30") as server:
+        first = qp(ask(server.socket, GOOD))
+        ino = INotify()
+        ino.add_watch(os.path.join(qmail_home.queue, "pid"), flags.CREATE)
+        half = connect(server.socket)
+        half.sendall(GOOD[:20])              # the request in hand, unfinished:
+        assert ino.read(timeout=TIMEOUT * 1000)     # the worker has begun its message
+        os.kill(first, signal.SIGKILL)
+        assert closed(half)
+        assert qp(ask(server.socket, GOOD)) != first
+    assert len(queued(qmail_home)) == 2
+
+
+# --- qmail-lspawn --------------------------------------------------------------------
+
+PROGRAM = "|echo worker=$PPID uid=$(id -u)\n./Maildir/\n"
+
+
+class Lspawn:
+    """qmail-lspawn with its command pipe kept open: one delivery at a time, as qmail-send's
+    commands arrive."""
+
+    def __init__(self, users):
+        program = shutil.which("qmail-lspawn", path=users.qh.env["PATH"])
+        self.users = users
+        self.proc = subprocess.Popen([program, "./Maildir/"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=users.qh.env)
+        assert os.read(self.proc.stdout.fileno(), 1) == bytes((spawn.SLOTS,))
+        self.replies = spawn.ReplyReader()
+
+    def deliver(self, recipient, slot=0):
+        mess = self.users.mess(b"Subject: x\n\nhello\n")
+        self.proc.stdin.write(self.users.command(slot, mess, b"joe@example.org", recipient))
+        self.proc.stdin.flush()
+        while True:
+            data = os.read(self.proc.stdout.fileno(), 4096)
+            assert data, "qmail-lspawn went away"
+            got = self.replies.feed(data)
+            if got:
+                [(got_slot, letter, text)] = got
+                assert got_slot == slot
+                return letter, text
+
+    def close(self):
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=TIMEOUT) == 0
+        self.proc.stdout.close()
+
+
+def program_report(reply):
+    """(worker pid, uid) from a delivery's `worker=PID uid=UID` line."""
+    letter, text = reply
+    assert letter == b"K", reply
+    words = dict(w.split(b"=") for w in text.split(b"\n")[0].split())
+    return int(words[b"worker"]), int(words[b"uid"])
+
+
+def test_deliveries_to_one_account_share_a_worker(users):
+    home = users.add("amy")
+    users.dotqmail(home, "", PROGRAM)
+    lspawn = Lspawn(users)
+    reports = [program_report(lspawn.deliver(b"amy@test.example")) for _ in range(3)]
+    workers = workers_of(lspawn.proc.pid)
+    lspawn.close()
+    assert len(set(reports)) == 1, reports
+    assert workers == {reports[0][0]}
+    files = maildir_files(os.path.join(home, "Maildir"))
+    assert len(files) == 3                  # three names: one process, no clash, no wait
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="switching to two accounts needs root")
+def test_each_account_has_its_own_worker_with_its_own_uid(users, tmp_path):
+    accounts = {"bob": 61001, "cat": 61002}
+    for name, uid in accounts.items():
+        home = users.add(name, uid=uid, gid=uid)
+        users.dotqmail(home, "", PROGRAM)
+        for path in (home, os.path.join(home, ".qmail")) + tuple(
+                os.path.join(home, "Maildir", sub) for sub in ("", "tmp", "new", "cur")):
+            os.chown(path, uid, uid)
+    lspawn = Lspawn(users)
+    got = {name: program_report(lspawn.deliver(name.encode() + b"@test.example"))
+           for name in ("bob", "cat", "bob")}
+    lspawn.close()
+    assert got["bob"][1] == 61001 and got["cat"][1] == 61002
+    assert got["bob"][0] != got["cat"][0]
+
+
+def test_a_delivery_worker_killed_mid_delivery_loses_that_delivery_only(users):
+    home = users.add("dan")
+    users.dotqmail(home, "", "|kill -9 $PPID\n")
+    lspawn = Lspawn(users)
+    assert lspawn.deliver(b"dan@test.example") == (b"Z", b"qmail-local crashed.\n")
+    users.dotqmail(home, "", "./Maildir/\n")
+    assert lspawn.deliver(b"dan@test.example") == (b"K", b"did 1+0+0\n")
+    lspawn.close()
+    assert len(maildir_files(os.path.join(home, "Maildir"))) == 1
