@@ -191,13 +191,15 @@ def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=
     execs). report(wstat, output) -> bytes (letter + text) turns a finished
     child into its reply. The working directory must be queue/mess.
 
-    pool: instead of forking, pool.start(cmd, messfd, out_w) hands the delivery to
-    a worker (the pool keeps neither fd) and returns None, or returns the
-    (wstat, output) of a delivery that needed no worker; pool.register(selector)
-    puts its workers' channels in the loop with key data ("pool", worker), and
-    pool.readable(worker) returns the [(slot, wstat)] of deliveries it finished.
-    pool.timeout() is how long the loop may sleep (None: forever) and
-    pool.tick() retires idle workers.
+    pool (a qmailpy.workers.Pool): instead of forking, pool.start(cmd, messfd, out_w)
+    hands the delivery to a worker, or keeps it for pool.flush() after the batch of
+    commands, and returns None, or returns the (wstat, output) of a delivery that
+    needed no worker; either way both descriptors are the pool's to close.
+    pool.flush() returns [(slot, wstat, output)] for what it could not hand over.
+    pool.register(selector) puts its workers' channels in the loop with key data
+    ("pool", worker), and pool.readable(worker) returns the [(slot, wstat, output)]
+    of deliveries it finished (output None: read from the pipe). pool.timeout() is
+    how long the loop may sleep (None: forever) and pool.tick() retires idle workers.
     """
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     wake_r, wake_w = os.pipe()
@@ -249,6 +251,15 @@ def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=
         del deliveries[slot]
         send(encode_reply(slot, report(d.wstat, bytes(d.output))))
 
+    def completed(results):
+        for slot, wstat, output in results:
+            if slot in deliveries:
+                d = deliveries[slot]
+                d.wstat = wstat
+                if output is not None:
+                    d.output = bytearray(output)
+                finish(slot)
+
     def start(cmd):
         error, messfd = check_command(cmd, slots, deliveries, expected_owner)
         if error is not None:
@@ -266,9 +277,6 @@ def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=
                 done = pool.start(cmd, messfd, out_w)
             except OSError:
                 done = (111 << 8, b"Zqmail-spawn unable to fork. (#4.3.0)\n")
-            finally:
-                os.close(messfd)
-                os.close(out_w)
             if done is not None:
                 os.close(out_r)
                 send(encode_reply(cmd.slot, report(*done)))
@@ -299,10 +307,7 @@ def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=
         for key, _ in events:
             tag = key.data
             if isinstance(tag, tuple):              # ("pool", worker): a worker reported
-                for slot, wstat in pool.readable(tag[1]):
-                    if slot in deliveries:
-                        deliveries[slot].wstat = wstat
-                        finish(slot)
+                completed(pool.readable(tag[1]))
                 continue
             if tag == "wake":
                 try:
@@ -326,6 +331,8 @@ def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=
                     continue
                 for cmd in reader.feed(data):
                     start(cmd)
+                if pool is not None:
+                    completed(pool.flush())
             else:
                 d = deliveries[tag]
                 try:

@@ -18,7 +18,9 @@ are enforced, by the server alone, so a job is never handed to a worker that has
 decided to exit.
 """
 import os
+import selectors
 import socket
+import time
 
 MAX_FDS = 4
 MAX_PACKET = 65536
@@ -100,3 +102,163 @@ def receive(channel):
         if not payload and not fds:
             return None
         return payload, fds
+
+
+def next_job(channel, fd_count):
+    """In a worker: the next job as (payload, fds) with exactly fd_count descriptors, or
+    None when the server is gone or sent something else (then the worker ends)."""
+    packet = receive(channel)
+    if packet is None:
+        return None
+    if len(packet[1]) != fd_count:
+        for fd in packet[1]:
+            os.close(fd)
+        return None
+    return packet
+
+
+class IdleWorkers:
+    """A server's idle workers, the one idle longest first: the most recently used is
+    taken first (its pages are warm), the one idle longest retired first."""
+
+    def __init__(self, max_idle, cap=None):
+        self.max_idle, self.cap = max_idle, cap
+        self.workers = []
+
+    def __len__(self):
+        return len(self.workers)
+
+    def __contains__(self, worker):
+        return worker in self.workers
+
+    def add(self, worker):
+        """Idle from now; the workers to retire because more than cap are idle."""
+        worker.idle_since = time.monotonic()
+        self.workers.append(worker)
+        over = len(self.workers) - self.cap if self.cap is not None else 0
+        return self.workers[:max(0, over)]
+
+    def take(self, key=None, any_key=True):
+        """The most recently used idle worker (of key, unless any_key), no longer idle; or None."""
+        for i in range(len(self.workers) - 1, -1, -1):
+            if any_key or self.workers[i].key == key:
+                return self.workers.pop(i)
+        return None
+
+    def remove(self, worker):
+        if worker in self.workers:
+            self.workers.remove(worker)
+
+    def timeout(self):
+        """Seconds until the next worker has been idle max_idle; None when none is idle."""
+        if not self.workers:
+            return None
+        return max(0.0, self.workers[0].idle_since + self.max_idle - time.monotonic())
+
+    def expired(self):
+        """The workers idle for max_idle or longer."""
+        now = time.monotonic()
+        return [w for w in self.workers if now - w.idle_since >= self.max_idle]
+
+
+class Pool:
+    """The spawner's side of a set of workers keyed by what they serve (qmail-lspawn: the
+    recipient's account; qmail-rspawn: the recipient's domain), for qmailpy.spawn.serve.
+
+    Subclasses start jobs (start(), flush()) and turn a worker's report into results
+    (results()); the pool keeps the idle ones, reuses the most recently used of a key
+    first, and retires a worker after max_use jobs, max_idle seconds without work, or
+    when more than idle_cap are idle (the one idle longest first)."""
+
+    def __init__(self, max_use, max_idle, idle_cap):
+        self.max_use = max_use
+        self.live = {}              # channel fd -> Worker
+        self.idle = IdleWorkers(max_idle, idle_cap)
+        self.selector = None
+
+    # -- for spawn.serve ----------------------------------------------------------
+    def register(self, selector):
+        self.selector = selector
+
+    def flush(self):
+        """After a batch of start() calls: hand over what start() kept back; the
+        [(slot, wstat, output)] of deliveries that could not be handed over."""
+        return []
+
+    def readable(self, worker):
+        """[(slot, wstat, output or None)] of the deliveries the worker finished (or died in);
+        output None: the report pipe holds it."""
+        try:
+            packet = receive(worker.channel)
+        except OSError:
+            packet = None
+        done = []
+        if worker.busy:
+            done = self.results(worker.job, None if packet is None else packet[0])
+            worker.busy, worker.job = False, None
+        if packet is None or worker.uses >= self.max_use:
+            self.drop(worker)
+        else:
+            for extra in self.idle.add(worker):
+                self.drop(extra)
+        return done
+
+    def timeout(self):
+        return self.idle.timeout()
+
+    def tick(self):
+        for worker in self.idle.expired():
+            self.drop(worker)
+
+    def close(self):
+        for worker in list(self.live.values()):
+            self.drop(worker)
+
+    # -- for subclasses -------------------------------------------------------------
+    def results(self, job, payload):
+        """[(slot, wstat, output or None)] for a job; payload None: the worker died in it."""
+        raise NotImplementedError
+
+    def hand(self, key, body, job, payload, fds):
+        """Send the job to an idle worker of key, or to a new one running body(channel)."""
+        worker = self.idle.take(key, any_key=False)
+        if worker is not None:
+            try:
+                send(worker.channel, payload, fds)
+            except OSError:                         # it died while idle
+                self.drop(worker)
+                worker = None
+        if worker is None:
+            worker = fork(body)
+            worker.key = key
+            self.live[worker.fileno()] = worker
+            self.selector.register(worker.channel, selectors.EVENT_READ, ("pool", worker))
+            send(worker.channel, payload, fds)
+        worker.busy, worker.job = True, job
+        worker.uses += 1
+
+    def drop(self, worker):
+        self.idle.remove(worker)
+        if self.live.pop(worker.fileno(), None) is not None:
+            self.selector.unregister(worker.channel)
+        worker.channel.close()
+
+
+def keep_only_channel(channel):
+    """In a new worker of a spawner: the channel moved to fd 3, every other descriptor above
+    2 closed (the spawner's pipes and other workers' channels must not leak into this one:
+    a held write end would delay another delivery's EOF), /dev/null on fds 0-2 (not
+    qmail-send's pipes: those are the spawner's alone). The channel as a new socket."""
+    if channel.fileno() != 3:
+        os.dup2(channel.fileno(), 3)
+        channel.detach()
+    os.closerange(4, 65536)
+    null_stdio()
+    return socket.socket(fileno=3)
+
+
+def null_stdio():
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)

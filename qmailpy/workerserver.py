@@ -23,7 +23,6 @@ import marshal
 import os
 import selectors
 import signal
-import time
 
 from qmailpy import workers
 
@@ -46,7 +45,7 @@ class WorkerServer:
         self.max_use = max_use
         self.max_idle = max_idle
         self.pool = {}              # channel fd -> Worker, every worker that may take work
-        self.idle = []              # idle workers, the most recently used last
+        self.idle = workers.IdleWorkers(max_idle)
         self._stop = False
         self._wake = None
         self._selector = None
@@ -98,7 +97,7 @@ class WorkerServer:
                 self._reap()
                 self._watch(bool(self.idle) or len(self.pool) < self.limit)
                 try:
-                    events = self._selector.select(self._next_retirement())
+                    events = self._selector.select(self.idle.timeout())
                 except InterruptedError:
                     continue
                 # Workers' reports first: a connection just ended frees its slot (and its
@@ -115,7 +114,8 @@ class WorkerServer:
                         while (not self._stop and (self.idle or len(self.pool) < self.limit)
                                and self._accept(sock_index)):
                             pass
-                self._retire_idle()
+                for worker in self.idle.expired():
+                    self._retire(worker)
         finally:
             signal.set_wakeup_fd(old_wakeup)
             for s, handler in old.items():
@@ -163,7 +163,7 @@ class WorkerServer:
 
     def _accept(self, sock_index):
         """Accept one connection and hand it over; False when none was waiting."""
-        worker = self.idle.pop() if self.idle else self._spawn()
+        worker = self.idle.take() or self._spawn()
         if worker is None:
             return False
         try:
@@ -227,26 +227,14 @@ class WorkerServer:
             self._idle(worker)
 
     def _idle(self, worker):
-        worker.idle_since = time.monotonic()
-        self.idle.append(worker)
-
-    def _next_retirement(self):
-        if not self.idle:
-            return None
-        return max(0.0, self.idle[0].idle_since + self.max_idle - time.monotonic())
-
-    def _retire_idle(self):
-        now = time.monotonic()
-        while self.idle and now - self.idle[0].idle_since >= self.max_idle:
-            self._retire(self.idle[0])
+        self.idle.add(worker)
 
     def _retire(self, worker):
         """No more work for it: it reads EOF and exits once its job (if any) is done."""
         self._drop(worker)
 
     def _drop(self, worker):
-        if worker in self.idle:
-            self.idle.remove(worker)
+        self.idle.remove(worker)
         if self.pool.pop(worker.fileno(), None) is not None:
             self._selector.unregister(worker.channel)
         worker.channel.close()
@@ -259,14 +247,10 @@ class WorkerServer:
         self.worker_started()
         import socket
         while True:
-            packet = workers.receive(channel)
-            if packet is None:
+            job = workers.next_job(channel, 1)
+            if job is None:
                 return 0
-            payload, fds = packet
-            if len(fds) != 1:
-                for fd in fds:
-                    os.close(fd)
-                return 111
+            payload, fds = job
             conn = socket.socket(fileno=fds[0])
             try:
                 sock_index, context = marshal.loads(payload)

@@ -20,6 +20,7 @@ class Transaction:
     def __init__(self, helo, mail_from, rcpt_tos, data, mail_options=(), tls=None, peer=None):
         self.helo, self.mail_from, self.rcpt_tos, self.data = helo, mail_from, rcpt_tos, data
         self.peer = peer            # the client's address
+        self.client = None          # (address, port): tells connections apart
         self.mail_options = list(mail_options)
         self.tls = tls              # (version, cipher) when the session had STARTTLS
         self.smtp_utf8 = False      # MAIL FROM had SMTPUTF8 (aiosmtpd takes it out of mail_options)
@@ -44,6 +45,7 @@ class _Handler:
         return "250 OK"
 
     async def handle_DATA(self, server, session, envelope):
+        self.owner.in_data.set()
         if self.owner.data_delay:
             await asyncio.sleep(self.owner.data_delay)
         obj = server.transport.get_extra_info("ssl_object")
@@ -51,8 +53,14 @@ class _Handler:
         t = Transaction(session.host_name, envelope.mail_from, list(envelope.rcpt_tos),
                         envelope.original_content, envelope.mail_options, tls, session.peer[0])
         t.smtp_utf8 = envelope.smtp_utf8
+        t.client = tuple(session.peer[:2])
         self.owner.transactions.append(t)
         return self.owner.data_reply
+
+    async def handle_QUIT(self, server, session, envelope):
+        self.owner.quits.append(tuple(session.peer[:2]))
+        self.owner.quit_seen.set()
+        return "221 Bye"
 
 
 class Smtpd:
@@ -63,20 +71,36 @@ class Smtpd:
     def __init__(self, host="127.0.0.1", port=0, tls_context=None, require_starttls=False,
                  smtputf8=False):
         self.transactions = []
+        self.quits = []                 # the client (address, port) of each QUIT
+        self.quit_seen = threading.Event()
+        self.in_data = threading.Event()    # set when a message's dot has arrived
+        self.sessions = []              # every SMTP protocol instance, for drop_client()
         self.rcpt_replies = {}
         self.mail_reply = None
         self.data_reply = "250 2.0.0 Ok: queued"
         self.data_delay = 0             # seconds before the reply to the dot
         self.loop = asyncio.new_event_loop()
         handler = _Handler(self)
-        self.server = self.loop.run_until_complete(self.loop.create_server(
-            lambda: SMTP(handler, hostname="peer.test", loop=self.loop, decode_data=False,
-                         tls_context=tls_context, require_starttls=require_starttls,
-                         enable_SMTPUTF8=smtputf8),
-            host, port))
+        def session():
+            protocol = SMTP(handler, hostname="peer.test", loop=self.loop, decode_data=False,
+                            tls_context=tls_context, require_starttls=require_starttls,
+                            enable_SMTPUTF8=smtputf8)
+            self.sessions.append(protocol)
+            return protocol
+        self.server = self.loop.run_until_complete(self.loop.create_server(session, host, port))
         self.port = self.server.sockets[0].getsockname()[1]
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
+
+    def drop_client(self, port):
+        """Close, from this side, the connection of the client on that port (a server's idle
+        timeout); returns once it is closed."""
+        async def drop():
+            for protocol in self.sessions:
+                transport = protocol.transport
+                if transport is not None and transport.get_extra_info("peername")[1] == port:
+                    transport.close()
+        asyncio.run_coroutine_threadsafe(drop(), self.loop).result(WAIT)
 
     def close(self):
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -24,14 +24,8 @@ chosen: it only reads users/cdb and the passwd database and stats home
 directories.
 """
 import os
-import signal
 
 from qmailpy import spawn
-from qmailpy.local import users
-from qmailpy.local import deliver as local_deliver
-
-QLX_USAGE = 112
-QLX_ROOT = 113
 
 # Exit statuses of a delivery child with a fixed reply (qmail's qlx.h texts).
 FIXED = {
@@ -60,49 +54,6 @@ def report(wstat, output):
     output = spawn.truncate_report(output)
     nul = output.find(b"\0")
     return letter + (output if nul < 0 else output[:nul])
-
-
-def _become(recipient):
-    """Switch to the recipient's account (every uid slot); an exit status on refusal, else None.
-
-    A forward then queues through qmail-qmqpd, which records the recipient's uid."""
-    if recipient.uid == 0:
-        return QLX_ROOT
-    if os.geteuid() == 0:
-        from qmailpy import privs
-        try:
-            privs.switch_to(recipient.uid, recipient.gid)
-        except privs.PrivError:
-            return QLX_USAGE            # qmail: prot_gid/prot_uid failure
-        return QLX_ROOT if os.getuid() == 0 else None
-    if recipient.uid != os.getuid():
-        os.write(2, b"Unable to deliver as uid %d: qmail-lspawn runs as uid %d, not root."
-                 b" (#4.3.0)\n" % (recipient.uid, os.getuid()))
-        return 111
-    return None
-
-
-def deliver_one(home, aliasempty, sender, recipient):
-    """The body of one delivery child; returns its exit status."""
-    # The parent's signal wakeup fd number may be reused by a file we open.
-    signal.set_wakeup_fd(-1)
-    at = recipient.rfind(b"@")
-    local, domain = recipient[:at], recipient[at + 1:]
-    if not local:
-        return 0                        # <@host>: the trash address
-    try:
-        os.chdir(home)
-    except OSError:
-        return QLX_USAGE
-    try:
-        found = users.lookup(home, local)
-    except users.LookupFailure as e:
-        return e.code
-    refused = _become(found)
-    if refused is not None:
-        return refused
-    return local_deliver.deliver(found.user, found.home, local, found.dash, found.ext,
-                                 domain, sender, aliasempty, home=home)
 
 
 PRELOAD = ("fcntl", "pwd", "qmailpy.cdb", "qmailpy.envelope", "qmailpy.privs",
@@ -139,10 +90,6 @@ def run(home, aliasempty, infd=0, outfd=1):
                  % e.strerror.encode())
         return 111
 
-    def run_delivery(sender, recipient):
-        return deliver_one(home, aliasempty, sender, recipient)
-
     from qmailpy.local.workerpool import DeliveryWorkers
     pool = DeliveryWorkers(home, aliasempty)
-    return spawn.serve(run_delivery, report, expected_owner=owner, infd=infd, outfd=outfd,
-                       pool=pool)
+    return spawn.serve(None, report, expected_owner=owner, infd=infd, outfd=outfd, pool=pool)

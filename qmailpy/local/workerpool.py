@@ -21,9 +21,7 @@ line is still its own process, spawned by the worker as the user.
 """
 import marshal
 import os
-import selectors
 import signal
-import time
 
 from qmailpy import workers
 from qmailpy.local import users
@@ -41,22 +39,23 @@ def _exited(code):
     return (code & 0xFF) << 8
 
 
-class DeliveryWorkers:
+class DeliveryWorkers(workers.Pool):
     def __init__(self, home, aliasempty, max_use=MAX_USE, max_idle=MAX_IDLE, idle_cap=IDLE_CAP):
+        super().__init__(max_use, max_idle, idle_cap)
         self.home, self.aliasempty = home, aliasempty
-        self.max_use, self.max_idle, self.idle_cap = max_use, max_idle, idle_cap
-        self.live = {}              # channel fd -> Worker
-        self.idle = []              # idle workers, the one idle longest first
-        self.selector = None
         self.base_environ = dict(os.environb)
         self.root = os.geteuid() == 0
 
-    # -- the spawner's side ------------------------------------------------------
-    def register(self, selector):
-        self.selector = selector
-
     def start(self, cmd, messfd, out_w):
-        """Hand the delivery to a worker (None), or the (wstat, output) of one that needs none."""
+        """Hand the delivery to a worker (None), or the (wstat, output) of one that needs none.
+        Both descriptors are this call's to close."""
+        try:
+            return self._start(cmd, messfd, out_w)
+        finally:
+            os.close(messfd)
+            os.close(out_w)
+
+    def _start(self, cmd, messfd, out_w):
         at = cmd.recipient.rfind(b"@")
         local, domain = cmd.recipient[:at], cmd.recipient[at + 1:]
         if not local:
@@ -73,79 +72,14 @@ class DeliveryWorkers:
         key = (found.uid, found.gid)
         job = marshal.dumps((found.user, found.home, local, found.dash, found.ext, domain,
                              cmd.sender))
-        worker = self._take_idle(key)
-        if worker is not None:
-            try:
-                workers.send(worker.channel, job, [messfd, out_w])
-            except OSError:                         # it died while idle
-                self._drop(worker)
-                worker = None
-        if worker is None:
-            worker = self._fork(key)
-            workers.send(worker.channel, job, [messfd, out_w])
-        worker.busy, worker.job = True, cmd.slot
-        worker.uses += 1
+        home, aliasempty, environ = self.home, self.aliasempty, self.base_environ
+        self.hand(key, lambda channel: _worker_main(channel, key, home, aliasempty, environ),
+                  cmd.slot, job, [messfd, out_w])
         return None
 
-    def readable(self, worker):
-        """[(slot, wstat)] for the delivery the worker finished (or died in)."""
-        try:
-            packet = workers.receive(worker.channel)
-        except OSError:
-            packet = None
-        done = []
-        if worker.busy:
-            if packet is None:
-                wstat = signal.SIGKILL              # WIFSIGNALED: "qmail-local crashed"
-            else:
-                wstat = _exited(int(packet[0]))
-            done.append((worker.job, wstat))
-            worker.busy, worker.job = False, None
-        if packet is None:
-            self._drop(worker)
-        elif worker.uses >= self.max_use:
-            self._drop(worker)
-        else:
-            worker.idle_since = time.monotonic()
-            self.idle.append(worker)
-            while len(self.idle) > self.idle_cap:
-                self._drop(self.idle[0])
-        return done
-
-    def timeout(self):
-        if not self.idle:
-            return None
-        return max(0.0, self.idle[0].idle_since + self.max_idle - time.monotonic())
-
-    def tick(self):
-        now = time.monotonic()
-        while self.idle and now - self.idle[0].idle_since >= self.max_idle:
-            self._drop(self.idle[0])
-
-    def close(self):
-        for worker in list(self.live.values()):
-            self._drop(worker)
-
-    def _take_idle(self, key):
-        for i in range(len(self.idle) - 1, -1, -1):     # the most recently used first
-            if self.idle[i].key == key:
-                return self.idle.pop(i)
-        return None
-
-    def _fork(self, key):
-        worker = workers.fork(lambda channel: _worker_main(channel, key, self.home,
-                                                           self.aliasempty, self.base_environ))
-        worker.key = key
-        self.live[worker.fileno()] = worker
-        self.selector.register(worker.channel, selectors.EVENT_READ, ("pool", worker))
-        return worker
-
-    def _drop(self, worker):
-        if worker in self.idle:
-            self.idle.remove(worker)
-        if self.live.pop(worker.fileno(), None) is not None:
-            self.selector.unregister(worker.channel)
-        worker.channel.close()
+    def results(self, slot, payload):
+        # a worker that died in the delivery: WIFSIGNALED, "qmail-local crashed"
+        return [(slot, signal.SIGKILL if payload is None else _exited(int(payload)), None)]
 
 
 # -- in a worker -----------------------------------------------------------------
@@ -154,15 +88,7 @@ def _worker_main(channel, key, home, aliasempty, base_environ):
     """Become the account, then deliver job after job until the spawner closes the channel."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    # Only the channel stays open: the spawner's pipes and other workers' channels must
-    # not leak into this one (a held write end would delay another delivery's EOF).
-    if channel.fileno() != 3:
-        os.dup2(channel.fileno(), 3)
-        channel.detach()
-    os.closerange(4, 65536)
-    _null_stdio()           # not qmail-send's pipes: those are qmail-lspawn's alone
-    import socket
-    channel = socket.socket(fileno=3)
+    channel = workers.keep_only_channel(channel)
     uid, gid = key
     if os.geteuid() == 0:
         from qmailpy import privs
@@ -173,14 +99,10 @@ def _worker_main(channel, key, home, aliasempty, base_environ):
         if os.getuid() == 0:
             return _refuse_all(channel, QLX_ROOT)
     while True:
-        packet = workers.receive(channel)
-        if packet is None:
+        job = workers.next_job(channel, 2)
+        if job is None:
             return 0
-        payload, fds = packet
-        if len(fds) != 2:
-            for fd in fds:
-                os.close(fd)
-            return 111
+        payload, fds = job
         code = _deliver(home, aliasempty, base_environ, marshal.loads(payload), fds)
         try:
             workers.send(channel, b"%d" % code)
@@ -228,12 +150,5 @@ def _deliver(home, aliasempty, base_environ, fields, fds):
             pass
         code = 111
     finally:
-        _null_stdio()
+        workers.null_stdio()
     return code if isinstance(code, int) else 111
-
-
-def _null_stdio():
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.close(null)

@@ -89,8 +89,14 @@ def read_controls(home):
     return c
 
 
-def deliver(args, home, messfd=0, lookup=None, now=None, pid=None):
-    """The records of one run (a list of bytes, each without its NUL)."""
+def deliver(args, home, messfd=0, lookup=None, now=None, pid=None, cache=None, alone=None):
+    """The records of one run (a list of bytes, each without its NUL).
+
+    cache: a remote.cache.Connections of qmail-rspawn's delivery worker: a connection
+    it holds to an eligible address is used first (RSET, then the transaction), and
+    one whose peer accepted the message is kept in it instead of closed.
+    alone: a list that gets, once a peer answered the recipients, the verdict a
+    recipient it refused would have had in a run of its own (smtp.giving_up)."""
     from qmailpy.home import ControlError
     from qmailpy.remote import dns, routes, smtp, smtputf8, tls
     from qmailpy.remote.tcpto import Table
@@ -168,6 +174,24 @@ def deliver(args, home, messfd=0, lookup=None, now=None, pid=None):
         # retried on a new connection in clear, as Postfix's "may" level does: a peer with
         # a broken TLS stack must not see its mail bounce after queuelifetime.
         for use_tls in (True,) if required else (True, False):
+            key = (partner, port, use_tls, required, cafile, tuple(policy.names))
+            keep = None if cache is None else cache.keeper(key)
+            held = None if cache is None else cache.take(key)
+            if held is not None:
+                conn, extensions = held
+                conn.deadline = time.monotonic() + controls.session if controls.session else None
+                records = []
+                try:
+                    verdict = smtp.dialogue(conn, partner, controls.helohost, sender, recipients,
+                                            messfd, records, policy, use_tls, message,
+                                            reused=extensions, keep=keep)
+                except smtp.Stale:
+                    pass                        # gone while kept: a new connection below
+                else:
+                    records.append(verdict)
+                    if alone is not None:
+                        alone.append(smtp.giving_up(partner, conn))
+                    return records
             sock, timed_out = smtp.connect(partner.decode("ascii"), port, controls.timeoutconnect,
                                            controls.sources.get(len(ip)))
             if sock is None:
@@ -179,11 +203,13 @@ def deliver(args, home, messfd=0, lookup=None, now=None, pid=None):
             conn = smtp.Connection(sock, controls.timeout, deadline)
             try:
                 verdict = smtp.dialogue(conn, partner, controls.helohost, sender, recipients,
-                                        messfd, records, policy, use_tls, message)
+                                        messfd, records, policy, use_tls, message, keep=keep)
             except smtp.TryNext as e:
                 failure = e.args[0]
                 continue
             records.append(verdict)
+            if alone is not None:
+                alone.append(smtp.giving_up(partner, conn))
             return records
     return [failure]
 
@@ -199,15 +225,19 @@ def output(records):
     return b"".join(r + b"\0" for r in records)
 
 
+def records_of(args, home, messfd=0, cache=None, alone=None):
+    """deliver()'s records; anything unforeseen is a temporary failure, never a traceback."""
+    try:
+        return deliver(args, home, messfd, cache=cache, alone=alone)
+    except MemoryError:
+        return [TEMP_NOMEM]
+    except Exception:
+        return [TEMP_OSERR]
+
+
 def run(args, home, messfd=0, outfd=1):
     """qmail-remote: deliver and write the records on outfd; always returns 0."""
-    try:
-        records = deliver(args, home, messfd)
-    except MemoryError:
-        records = [TEMP_NOMEM]
-    except Exception:            # anything unforeseen is temporary, never a traceback
-        records = [TEMP_OSERR]
-    data = output(records)
+    data = output(records_of(args, home, messfd))
     try:
         while data:
             data = data[os.write(outfd, data):]

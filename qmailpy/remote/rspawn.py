@@ -1,11 +1,12 @@
 """qmail-rspawn: qmail-send's remote spawner (docs/delivery.md "qmail-rspawn"; docs/protocols.md "qmail-send ↔ spawners").
 
 Runs in queue/mess, clears lock/tcpto and lock/tcpto6 at start, and serves spawn commands
-with qmailpy.spawn.serve: one forked child per delivery and recipient. The
-child runs qmail-remote's code directly (no exec, so no interpreter start per
-delivery) with the message on fd 0 and the report pipe on fds 1 and 2; if
-$QMAILREMOTE names a program, the child execs it instead, as qmail does.
-report() folds qmail-remote's records into the one K/Z/D reply.
+with qmailpy.spawn.serve. The commands that arrive together for one message and
+recipient domain go to a delivery worker as one qmail-remote run with all their
+recipients (qmailpy.remote.workerpool), which keeps the SMTP connection open for
+the next message to the same peer. If $QMAILREMOTE names a program, each
+delivery and recipient is instead a forked child that execs it, as qmail does.
+report() folds qmail-remote's records for one recipient into its K/Z/D reply.
 """
 import errno
 import os
@@ -81,8 +82,9 @@ def make_runner(home):
 
 
 def preload():
-    """Import what the children use once, in the spawner, so no child pays for it."""
+    """Import what the workers use once, in the spawner, so no worker pays for it."""
     import qmailpy.remote.addrsort     # noqa: F401
+    import qmailpy.remote.cache        # noqa: F401
     import qmailpy.remote.deliver      # noqa: F401
     import qmailpy.remote.dns          # noqa: F401
     import qmailpy.remote.routes       # noqa: F401
@@ -113,8 +115,12 @@ def serve(home, infd=0, outfd=1):
         return 111
     tcpto.clean("../lock/tcpto")
     tcpto.clean("../lock/tcpto6", tcpto.IPV6)
+    pool = None
     if not os.environ.get("QMAILREMOTE"):
         preload()
+        from qmailpy.remote.workerpool import RemoteWorkers
+        pool = RemoteWorkers(home)
         import gc
-        gc.freeze()          # children then leave the preloaded objects' pages shared
-    return spawn.serve(make_runner(home), report, expected_owner=owner, infd=infd, outfd=outfd)
+        gc.freeze()          # workers then leave the preloaded objects' pages shared
+    return spawn.serve(make_runner(home), report, expected_owner=owner, infd=infd, outfd=outfd,
+                       pool=pool)

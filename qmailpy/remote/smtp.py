@@ -35,6 +35,11 @@ class TryNext(Exception):
     record, used if no later address does better."""
 
 
+class Stale(Exception):
+    """A connection kept from an earlier transaction did not answer RSET with 250; it is
+    closed, and no transaction was begun on it."""
+
+
 class PartialLine(Exception):
     """The message's last line has no LF."""
 
@@ -246,12 +251,18 @@ def connect(ip_text, port, timeout, source=None):
 
 # --- the dialogue -------------------------------------------------------------
 
+def giving_up(partner, conn):
+    """The verdict a run ends with when the peer refused every recipient: what each refused
+    recipient of a transaction with others would have got in a run of its own."""
+    return b"DGiving up on " + partner + b".\n" + (conn.tls + b"\n" if conn.tls else b"")
+
+
 def needs_smtputf8(sender, recipients):
     return any(max(a, default=0) >= 0x80 for a in (sender, *recipients))
 
 
 def dialogue(conn, partner, helohost, sender, recipients, messfd, records, policy=None,
-             use_tls=True, message=None):
+             use_tls=True, message=None, reused=None, keep=None):
     """Talk to the peer; append r/h/s records to `records`; return the verdict record.
 
     partner is the peer's address as text (b'1.2.3.4'); sender and recipients
@@ -259,8 +270,15 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records, polic
     remote.tls.Policy (None: opportunistic); message a remote.smtputf8.Message
     (None: not flagged, nothing read yet). Raises TryNext when TLS fails or is
     required and not offered: the next address may do. use_tls=False: no STARTTLS
-    even when offered (the clear retry after an opportunistic TLS failure)."""
+    even when offered (the clear retry after an opportunistic TLS failure).
+
+    reused: the EHLO extensions of a connection kept open after an earlier
+    transaction (greeting, EHLO and STARTTLS are behind it): RSET goes first, and
+    Stale is raised when it is not answered 250. keep(conn, extensions): called
+    instead of QUIT once the peer has accepted the message; the connection is then
+    left open for the next transaction."""
     critical = [False]
+    kept = [False]
 
     def dropped():
         return (b"ZConnected to " + partner + b" but connection died. "
@@ -281,10 +299,13 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records, polic
         except Dropped:
             pass
 
-    def quit(prepend, append):
-        send_quit()
+    def verdict(prepend, append):
         tls = conn.tls + b"\n" if conn.tls else b""
         return prepend + partner + append + b".\n" + tls + conn.said()
+
+    def quit(prepend, append):
+        send_quit()
+        return verdict(prepend, append)
 
     def hello():
         """The peer's extensions, or None when it rejected my name."""
@@ -304,13 +325,25 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records, polic
 
     try:
         try:
-            if conn.reply() != 220:
+            required = policy is not None and policy.required
+            if reused is not None:
+                try:
+                    conn.write(b"RSET\r\n")
+                    alive = conn.reply() == 250
+                except Dropped:
+                    alive = False
+                if not alive:
+                    raise Stale()
+                ext = reused
+            elif conn.reply() != 220:
                 return quit(b"ZConnected to ", b" but greeting failed")
-            ext = hello()
+            else:
+                ext = hello()
             if ext is None:
                 return quit(b"ZConnected to ", b" but my name was rejected")
-            required = policy is not None and policy.required
-            if b"STARTTLS" in ext and (use_tls or required):
+            if reused is not None:
+                pass                                # TLS, if any, is already up
+            elif b"STARTTLS" in ext and (use_tls or required):
                 from qmailpy.remote import tls
                 conn.write(b"STARTTLS\r\n")
                 if conn.reply() != 220:
@@ -369,7 +402,8 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records, polic
                     records.append(b"r")
                     bother = True
             if not bother:
-                return quit(b"DGiving up on ", b"")
+                send_quit()
+                return giving_up(partner, conn) + conn.said()
             conn.write(b"DATA\r\n")
             code = conn.reply()
             if code >= 500:
@@ -396,10 +430,16 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records, polic
                 return quit(b"D", b" failed after I sent the message")
             if code >= 400:
                 return quit(b"Z", b" failed after I sent the message")
-            return quit(b"K", b" accepted message")
+            if keep is None:
+                return quit(b"K", b" accepted message")
+            accepted = verdict(b"K", b" accepted message")
+            kept[0] = True
+            keep(conn, ext)
+            return accepted
         except Deadline:
             return outlasted()
         except Dropped:
             return dropped()
     finally:
-        conn.close()
+        if not kept[0]:
+            conn.close()
