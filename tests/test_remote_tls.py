@@ -218,6 +218,47 @@ def test_smtputf8_needed_but_not_offered_bounces(qmail_home):
     assert peer.received[0] == b"EHLO test.example\r\nQUIT\r\n"
 
 
+def test_a_utf8_recipient_among_ascii_ones_is_refused_alone(qmail_home):
+    """One run for several recipients (as qmail-rspawn's workers make it): to a peer without
+    SMTPUTF8 the UTF-8 recipient gets its own permanent refusal, the ASCII one the message."""
+    with Smtpd() as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", b"a@b.example", UTF8_RCPT, b"joe@x.test")
+    assert records[0] == (b"hSorry, 127.0.0.1 does not support SMTPUTF8 and an address is not ASCII: "
+                          b"553 5.6.7 non-ASCII addresses are not permitted for that recipient. (#5.6.7)\n")
+    assert records[1:] == [b"r", b"K127.0.0.1 accepted message.\nRemote host said: 250 2.0.0 Ok: queued\n"]
+    [t] = peer.transactions
+    assert t.rcpt_tos == ["joe@x.test"] and not t.smtp_utf8
+    # a UTF-8 sender concerns every recipient
+    with ScriptedPeer(NO_SMTPUTF8) as peer:
+        route(qmail_home, "x.test", peer.port)
+        _, records = qmail_remote(qmail_home, "x.test", UTF8_SENDER, b"joe@x.test", b"ann@x.test")
+        assert peer.done.wait(30)
+    assert records == [b"DSorry, 127.0.0.1 does not support SMTPUTF8 and an address is not ASCII: "
+                       b"553 5.6.7 non-ASCII addresses are not permitted for that recipient. (#5.6.7)\n"]
+    assert peer.received[0] == b"EHLO test.example\r\nQUIT\r\n"
+
+
+def test_utf8_and_ascii_recipients_of_one_message_through_rspawn_workers(qmail_home):
+    """qmail-rspawn's workers give both recipients to one run: the ASCII one's delivery is
+    not held back by the other's refusal (it was bounced with it), and the UTF-8 one bounces
+    with the #5.6.7 reason."""
+    from test_rspawn import Rspawn, put_message
+    with Smtpd() as peer:
+        route(qmail_home, "x.test", peer.port)
+        m = put_message(qmail_home, 4100, b"Subject: hi\n\nbody\n")
+        rs = Rspawn(qmail_home)
+        rs.commands([(0, m, b"a@b.example", UTF8_RCPT), (1, m, b"a@b.example", b"ann@x.test")])
+        got = rs.replies(2)
+        rs.finish()
+    [t] = peer.transactions
+    assert t.rcpt_tos == ["ann@x.test"]
+    assert got[1] == b"K127.0.0.1 accepted message.\nRemote host said: 250 2.0.0 Ok: queued\n"
+    assert got[0] == (b"DSorry, 127.0.0.1 does not support SMTPUTF8 and an address is not ASCII: "
+                      b"553 5.6.7 non-ASCII addresses are not permitted for that recipient. (#5.6.7)\n"
+                      b"Giving up on 127.0.0.1.\n")
+
+
 def test_ascii_envelope_does_not_ask_for_smtputf8(qmail_home):
     with Smtpd(smtputf8=True) as peer:
         route(qmail_home, "x.test", peer.port)
@@ -343,8 +384,8 @@ def test_a_flagged_message_asks_for_smtputf8_and_arrives_whole(qmail_home, tmp_p
 def test_smtputf8_end_to_end(qmail_home, users, daemons):
     """Received by qmail-smtpd with SMTPUTF8 and relayed by qmail-send: to a peer that offers
     SMTPUTF8 the UTF-8 envelope and header arrive with it; to a peer without it a UTF-8
-    recipient, and an ASCII one with a UTF-8 Subject, each come back to the sender in qmail's
-    bounce with the #5.6.7 reason, and that peer gets no MAIL."""
+    recipient (beside an ASCII one, who gets the message), and an ASCII one with a UTF-8
+    Subject, each come back to the sender in qmail's bounce with the #5.6.7 reason."""
     import smtplib
     from test_smtpd_delivery import wait_maildir
     from test_smtpd_support import ListenerProcess
@@ -356,15 +397,17 @@ def test_smtputf8_end_to_end(qmail_home, users, daemons):
         daemons.wait_line(r"^status: ")
         with ListenerProcess(qmail_home, env=dict(qmail_home.env, RELAYCLIENT="")) as listener:
             with smtplib.SMTP("127.0.0.1", listener.port, timeout=30) as client:
-                for rcpt, subject in (("ünï@x.test", "plain"), ("joe@x.test", "grüße"),
-                                      ("ünï@y.test", "grüße")):
+                for rcpts, subject in ((["ünï@x.test", "ann@x.test"], "plain"),
+                                       (["joe@x.test"], "grüße"), (["ünï@y.test"], "grüße")):
                     message = ("Subject: %s\r\n\r\nbody\r\n" % subject).encode()
-                    assert client.sendmail("me@test.example", [rcpt], message,
+                    assert client.sendmail("me@test.example", rcpts, message,
                                            mail_options=["SMTPUTF8"]) == {}
             assert listener.stop() == 0
         bounces = wait_maildir(os.path.join(me, "Maildir"), 2)
-        daemons.wait_line(r"^delivery \d+: success: 127\.0\.0\.1_accepted_message")
-    assert old.transactions == []
+        daemons.wait_line(r"^delivery \d+: success: 127\.0\.0\.1_accepted_message", 2)
+    [t] = old.transactions
+    assert t.rcpt_tos == ["ann@x.test"] and not t.smtp_utf8
+    assert t.data.endswith(b"Subject: plain\r\n\r\nbody\r\n")
     [t] = new.transactions
     assert t.smtp_utf8 and t.rcpt_tos == ["ünï@y.test"]
     assert t.data.endswith("Subject: grüße\r\n\r\nbody\r\n".encode())

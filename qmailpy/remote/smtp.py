@@ -257,8 +257,14 @@ def giving_up(partner, conn):
     return b"DGiving up on " + partner + b".\n" + (conn.tls + b"\n" if conn.tls else b"")
 
 
-def needs_smtputf8(sender, recipients):
-    return any(max(a, default=0) >= 0x80 for a in (sender, *recipients))
+def not_ascii(address):
+    return max(address, default=0) >= 0x80
+
+
+def no_smtputf8(partner):
+    """Why an address that is not ASCII cannot go to a peer without SMTPUTF8 (RFC 6531 §3.4)."""
+    return (b"Sorry, " + partner + b" does not support SMTPUTF8 and an address is not ASCII: "
+            b"553 5.6.7 non-ASCII addresses are not permitted for that recipient. (#5.6.7)\n")
 
 
 def dialogue(conn, partner, helohost, sender, recipients, messfd, records, policy=None,
@@ -371,19 +377,20 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records, polic
                 raise tls_failed(b"it does not offer STARTTLS, which control/tlsdestinations "
                                  b"requires")
             mail_params = b""
-            utf8_address = needs_smtputf8(sender, recipients)
+            utf8 = [r for r in recipients if not_ascii(r)]
             if b"SMTPUTF8" in ext:
-                if utf8_address or (message is not None and message.flagged):
+                if utf8 or not_ascii(sender) or (message is not None and message.flagged):
                     mail_params = b" SMTPUTF8"
-            elif utf8_address:
+                utf8 = []
+            elif not_ascii(sender) or len(utf8) == len(recipients):
                 send_quit()
-                return (b"DSorry, " + partner + b" does not support SMTPUTF8 and an address is "
-                        b"not ASCII: 553 5.6.7 non-ASCII addresses are not permitted for that "
-                        b"recipient. (#5.6.7)\n")
+                return b"D" + no_smtputf8(partner)
             elif message is not None and message.needs_smtputf8:
                 send_quit()
                 return (b"DSorry, " + partner + b" does not support SMTPUTF8, which the message "
                         b"needs: it came in with SMTPUTF8 and its header is not ASCII. (#5.6.7)\n")
+            # A UTF-8 recipient among ASCII ones (qmail-rspawn's workers put a message's
+            # recipients at one domain in one run) is refused alone; the others go.
             conn.write(b"MAIL FROM:<" + sender + b">" + mail_params + b"\r\n")
             code = conn.reply()
             if code >= 500:
@@ -392,6 +399,9 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records, polic
                 return quit(b"ZConnected to ", b" but sender was rejected")
             bother = False
             for recipient in recipients:
+                if utf8 and not_ascii(recipient):
+                    records.append(b"h" + no_smtputf8(partner))
+                    continue
                 conn.write(b"RCPT TO:<" + recipient + b">\r\n")
                 code = conn.reply()
                 if code >= 500:
