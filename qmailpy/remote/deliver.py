@@ -163,6 +163,7 @@ def deliver(args, home, messfd=0, lookup=None, now=None, pid=None, cache=None, a
     required, cafile = tls.find_policy(controls.tlsdestinations, args[0])
     table = Table(now=now, pid=pid)
     failure = TEMP_NOCONN
+    clear = None                # the TLS line of a delivery in clear after STARTTLS failed
     import time
     for _, ip, name in eligible:
         if table.suppressed(ip):
@@ -201,11 +202,15 @@ def deliver(args, home, messfd=0, lookup=None, now=None, pid=None, cache=None, a
             records = []
             deadline = time.monotonic() + controls.session if controls.session else None
             conn = smtp.Connection(sock, controls.timeout, deadline)
+            if not use_tls:
+                conn.tls = clear
             try:
                 verdict = smtp.dialogue(conn, partner, controls.helohost, sender, recipients,
                                         messfd, records, policy, use_tls, message, keep=keep)
             except smtp.TryNext as e:
-                failure = e.args[0]
+                failure, why = e.args
+                # the report says why a peer that offers STARTTLS got the message in clear
+                clear = b"TLS: none, " + why.replace(b"\n", b" ") + b"."
                 continue
             records.append(verdict)
             if alone is not None:

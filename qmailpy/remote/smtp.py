@@ -32,7 +32,7 @@ class Deadline(Dropped):
 
 class TryNext(Exception):
     """This host cannot take the message now for a reason of TLS; args[0] is its Z
-    record, used if no later address does better."""
+    record, used if no later address does better, args[1] the reason alone."""
 
 
 class Stale(Exception):
@@ -193,7 +193,8 @@ class Connection:
         return {line[4:].split(b" ", 1)[0].upper() for line in lines if len(line) > 4}
 
     def starttls(self, context, server_hostname):
-        """Handshake on the connection (after the peer's 220 to STARTTLS); .tls describes it.
+        """Handshake on the connection (after the peer's 220 to STARTTLS); .tls describes it
+        (the report's TLS line).
 
         Bytes the peer sent before the handshake are dropped unread: only what
         comes through TLS is believed (the CVE-2011-0411 class, client side).
@@ -327,7 +328,7 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records, polic
     def tls_failed(why, said=b""):
         """TryNext after a QUIT that nothing may stop."""
         send_quit()
-        return TryNext(b"ZConnected to " + partner + b" but " + why + b". (#4.7.5)\n" + said)
+        return TryNext(b"ZConnected to " + partner + b" but " + why + b". (#4.7.5)\n" + said, why)
 
     try:
         try:
