@@ -17,12 +17,17 @@ A command file is ASCII lines:
   reason TEXT         bounce only: the failure text the bounce gives
   msg N               once per message number
 
-A reply has one line per number, `N RESULT TEXT`, RESULT one of RESULTS: `done`
-(carried out), `none` (not carried out: TEXT says why) or `later` (not carried out
-for a reason that passes: a queue error, a message not yet preprocessed; try again). A file that does not
-parse is logged by qmail-send, removed and not answered.
+qmailctl writes the numbers in ascending order; qmail-send sorts them if they are
+not, and acts on each number once. A reply has one line per number, `N RESULT TEXT`,
+in the order qmail-send acted, RESULT one of RESULTS: `done` (carried out), `none`
+(not carried out: TEXT says why) or `later` (not carried out for a reason that
+passes: a queue error, a message not yet preprocessed; try again). qmail-send
+writes it as .NAME.reply while it works and renames it. A file that does not parse
+is logged by qmail-send, removed and not answered.
 """
+import io
 import os
+from array import array
 
 from qmailpy.fileio import fsync_dir, write_all
 
@@ -33,6 +38,7 @@ DONE, NONE, LATER = "done", "none", "later"
 RESULTS = (DONE, NONE, LATER)
 MAX_COMMAND = 16 * 1024 * 1024     # bytes; a longer file is garbage
 MAX_REASON = 1000
+MAX_NUMBER = 2 ** 64 - 1           # numbers are inodes
 
 
 class CommandError(ValueError):
@@ -40,10 +46,11 @@ class CommandError(ValueError):
 
 
 class Command:
+    """numbers: an array('Q') (read()) or any sequence of ints (encode())."""
     __slots__ = ("action", "reason", "numbers")
 
     def __init__(self, action, numbers, reason=None):
-        self.action, self.numbers, self.reason = action, list(numbers), reason
+        self.action, self.numbers, self.reason = action, numbers, reason
 
 
 def encode(command):
@@ -63,30 +70,51 @@ def check_reason(reason):
     return reason
 
 
-def decode(data):
-    """The Command in a file's bytes; CommandError when it is not one."""
-    try:
-        text = data.decode("ascii")
-    except UnicodeDecodeError:
-        raise CommandError("not ASCII")
-    if not text.endswith("\n"):
-        raise CommandError("incomplete last line")
-    action, reason, numbers = None, None, []
-    for line in text[:-1].split("\n"):
+def check_number(n):
+    """A message number fits an inode: 0 <= n < 2**64."""
+    return 0 <= n <= MAX_NUMBER
+
+
+def read(f):
+    """The Command in a binary file's lines, read one line at a time: its numbers are
+    an array('Q') in ascending order without repeats (8 bytes each, however many);
+    CommandError when the file is not a command."""
+    action, reason, numbers = None, None, array("Q")
+    size, ordered = 0, True
+    for raw in f:
+        size += len(raw)
+        if size > MAX_COMMAND:
+            raise CommandError("too long")
+        if not raw.endswith(b"\n"):
+            raise CommandError("incomplete last line")
+        try:
+            line = raw[:-1].decode("ascii")
+        except UnicodeDecodeError:
+            raise CommandError("not ASCII")
         key, _, value = line.partition(" ")
-        if key == "action" and action is None and value in ACTIONS:
+        if key == "msg" and value.isdigit() and len(value) <= 20 and check_number(int(value)):
+            n = int(value)
+            if numbers and n <= numbers[-1]:
+                ordered = False
+            numbers.append(n)
+        elif key == "action" and action is None and value in ACTIONS:
             action = value
         elif key == "reason" and reason is None:
             reason = check_reason(value)
-        elif key == "msg" and value.isdigit() and len(value) <= 20:
-            numbers.append(int(value))
         else:
             raise CommandError("unknown line %r" % line[:80])
     if action is None:
         raise CommandError("no action")
     if (action == "bounce") != (reason is not None):
         raise CommandError("a reason belongs to bounce, and bounce needs one")
+    if not ordered:                 # qmailctl writes them in order: this is the rare case
+        numbers = array("Q", sorted(set(numbers)))
     return Command(action, numbers, reason)
+
+
+def decode(data):
+    """read() of a command's bytes."""
+    return read(io.BytesIO(data))
 
 
 def encode_reply(results):
@@ -94,13 +122,50 @@ def encode_reply(results):
     return "".join("%d %s %s\n" % item for item in results).encode("ascii", "replace")
 
 
-def decode_reply(data):
-    """[(n, result, text)] of a reply file."""
-    results = []
-    for line in data.decode("ascii", "replace").splitlines():
-        n, result, text = (line.split(" ", 2) + ["", ""])[:3]
-        results.append((int(n), result, text))
-    return results
+def decode_reply(lines):
+    """(n, result, text) of each line of a reply (bytes, or a binary file read line by line)."""
+    if isinstance(lines, bytes):
+        lines = lines.splitlines()
+    for line in lines:
+        n, result, text = (line.decode("ascii", "replace").rstrip("\n").split(" ", 2) + ["", ""])[:3]
+        yield int(n), result, text
+
+
+class ReplyWriter:
+    """A reply written as its answers are decided: they are appended to .NAME.reply (at
+    most FLUSH bytes wait in memory) and finish() renames it to NAME.reply, synced, so
+    the author never reads part of one. OSError from add() or finish() means the reply
+    is not there."""
+    FLUSH = 65536
+
+    def __init__(self, directory, name):
+        self.directory = directory
+        self.tmp = os.path.join(directory, "." + name + REPLY)
+        self.path = os.path.join(directory, name + REPLY)
+        self.buf = bytearray()
+        self.started = False
+
+    def add(self, n, result, text):
+        self.buf += encode_reply([(n, result, text)])
+        if len(self.buf) >= self.FLUSH:
+            self._write()
+
+    def _write(self, sync=False):
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if self.started else os.O_TRUNC)
+        fd = os.open(self.tmp, flags, 0o600)
+        try:
+            write_all(fd, self.buf)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.started = True
+        self.buf.clear()
+
+    def finish(self):
+        self._write(sync=True)
+        os.rename(self.tmp, self.path)
+        fsync_dir(self.directory)
 
 
 def write_atomically(directory, name, data, mode=0o600):

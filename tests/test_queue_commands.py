@@ -1,10 +1,12 @@
 """qmailctl queue delete | hold | release | requeue | bounce against a running qmail-send,
 on both backends (docs/qmail-send.md "Commands"): what the operator sees (exit codes,
 stdout and stderr), qmail-send's log lines, Maildirs and the SMTP peer."""
+import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -97,6 +99,8 @@ def test_release_and_unknown_numbers(qmail_home, peer):
         assert (nothing.returncode, nothing.stderr) == (1, b"qmailctl queue hold: no message matches\n")
         usage = ctl(qmail_home, "hold")
         assert usage.returncode == 2 and b"name the messages" in usage.stderr
+        usage = ctl(qmail_home, "delete", "18446744073709551616")      # no inode is that big
+        assert usage.returncode == 2 and b"'18446744073709551616' is not a message number" in usage.stderr
         done = ctl(qmail_home, "hold", "--recipient-domain", PEER)     # the filters select it
         assert (done.returncode, done.stdout) == (0, b"%d: held\n" % n)
         done = ctl(qmail_home, "release", str(n), "999999999")
@@ -274,3 +278,44 @@ def test_nothing_is_done_without_qmail_send(qmail_home):
     assert (done.returncode, done.stdout) == (111, b"")
     assert done.stderr == b"qmailctl queue delete: qmail-send is not running; nothing done\n"
     assert os.listdir(os.path.join(qmail_home.queue, "command")) == []
+
+
+QUEUE_MANY = r'''
+import sys
+from qmailpy.queue.client import QueueClient
+home, count = sys.argv[1], int(sys.argv[2])
+for i in range(count):
+    qq = QueueClient(home)
+    qq.write(b"Subject: %d\n\nhi\n" % i)
+    assert qq.finish(b"joe@test.example", [b"u%d@later.example" % i]).ok
+'''
+
+
+def test_a_command_for_more_messages_than_a_batch(qmail_home):
+    """450 messages (more than two of qmail-send's batches of 200), preprocessed and held back
+    by control/delaydomains: hold selects them by a filter and holds each once, with a line
+    each; delete then removes them all, and the queue is empty."""
+    count = 450
+    qmail_home.control("delaydomains", "later.example:86400\n")
+    daemons = Daemons(qmail_home).start()
+    try:
+        daemons.wait_started()
+        done = qmail_home.run([sys.executable, "-c", QUEUE_MANY, qmail_home.path, str(count)])
+        assert done.returncode == 0, done.stderr
+        daemons.wait_line(r"^info msg ", count)
+        held = ctl(qmail_home, "hold", "--recipient-domain", "later.example")
+        assert (held.returncode, held.stderr) == (0, b"")
+        numbers = [int(line.split(b":")[0]) for line in held.stdout.splitlines()]
+        assert len(numbers) == count == len(set(numbers))
+        assert held.stdout == b"".join(b"%d: held\n" % n for n in sorted(numbers))
+        assert sorted(int(l.split()[2]) for l in daemons.lines() if l.startswith("hold msg ")) == sorted(numbers)
+        sizes = qmail_home.run(["qmailctl", "queue", "size", "--json", "--home", qmail_home.path])
+        assert json.loads(sizes.stdout)["held"] == count
+        gone = ctl(qmail_home, "delete", *map(str, reversed(numbers)))
+        assert (gone.returncode, len(gone.stdout.splitlines())) == (0, count)
+        assert sum(1 for l in daemons.lines() if l.startswith("delete msg ")) == count
+        sizes = qmail_home.run(["qmailctl", "queue", "size", "--json", "--home", qmail_home.path])
+        assert json.loads(sizes.stdout)["total"] == 0
+        assert not [l for l in daemons.lines() if l.startswith("starting delivery ")]
+    finally:
+        daemons.kill()

@@ -2,7 +2,10 @@
 they are on disk before qmail-send answers (the backend calls a command makes, then a
 power cut that loses every unsynced write: docs/log-queue.md "Recovery and checkpoints"),
 and a command claimed when qmail-send was killed is carried out at its next start."""
+import json
 import os
+import re
+import signal
 import struct
 
 import pytest
@@ -12,8 +15,8 @@ from qmailpy.backends.logenqueue import enqueue
 from qmailpy.backends.logqueue import LogQueue
 
 from logqueue_harness import make_queue, route
-from send_harness import Daemons, wait_mess_gone
-from test_queue_commands import SlowDelivery, ctl, deferred_message, peer  # noqa: F401  (fixture)
+from send_harness import Daemons, wait_gone, wait_mess_gone
+from test_queue_commands import PEER, SlowDelivery, ctl, deferred_message, peer  # noqa: F401  (fixture)
 
 
 def _power_cut(home):
@@ -49,12 +52,13 @@ def _waiting_message(tmp_path):
     return home, lq, n
 
 
-def test_log_hold_is_synced_before_the_answer(tmp_path):
+def test_log_hold_is_synced_by_commit(tmp_path):
     home, lq, n = _waiting_message(tmp_path)
     assert lq.take([n]) == ([n], [])
     _bring(lq, n)
-    lq.hold(n)                                  # qmail-send answers "held" after this
+    lq.hold(n)
     lq.let_go(n)
+    lq.commit()                                 # qmail-send answers "held" after this
     _power_cut(home)
     lq.close()
     lq = LogQueue(home)
@@ -65,6 +69,39 @@ def test_log_hold_is_synced_before_the_answer(tmp_path):
         assert lq.is_held(n)
     finally:
         lq.close()
+
+
+@pytest.mark.parametrize("queue_backend", ["log"], indirect=True)
+def test_log_hold_and_delete_are_synced_before_the_answer(qmail_home, peer):  # noqa: F811
+    """qmail-send answers a batch of actions only once they are on disk: killed just after
+    the answers, with every unsynced append then lost, it comes back with the message
+    still held and the other still deleted."""
+    daemons = Daemons(qmail_home).start()
+    try:
+        daemons.wait_started()
+        held = deferred_message(qmail_home, daemons, peer, "bob")
+        gone = deferred_message(qmail_home, daemons, peer, "amy")
+        assert ctl(qmail_home, "hold", str(held)).stdout == b"%d: held\n" % held
+        assert ctl(qmail_home, "delete", str(gone)).stdout == b"%d: deleted\n" % gone
+        daemons.kill()
+        _power_cut(qmail_home.path)
+        since = daemons.line_count()
+        daemons.start()
+        daemons.wait_started()
+        peer.rcpt_replies.clear()
+        daemons.signal(signal.SIGALRM)           # anything waiting is due now
+        assert qmail_home.queue_message(b"Subject: late\n\nhi\n", b"joe@test.example",
+                                        [b"cat@" + PEER.encode()]).returncode == 0
+        daemons.wait_for(lambda lines: any(l.startswith("end msg ") for l in lines[since:]),
+                         what="the late message's end")
+        assert [t.rcpt_tos for t in peer.transactions] == [["cat@" + PEER]]
+        assert [l for l in daemons.lines()[since:]                  # (cat may get gone's number)
+                if re.match(r"starting delivery \d+: msg (%d|%d) .* (bob|amy)@" % (held, gone), l)] == []
+        listed = qmail_home.run(["qmailctl", "queue", "list", "--json", "--home", qmail_home.path])
+        records = {r["n"]: r for r in map(json.loads, listed.stdout.splitlines())}
+        assert gone not in records and records[held]["held"] is True
+    finally:
+        daemons.kill()
 
 
 def test_a_queue_error_is_a_temporary_failure(qmail_home, peer):  # noqa: F811
@@ -105,6 +142,7 @@ def test_a_delete_left_by_a_crash_is_carried_out_at_the_next_start(qmail_home):
         daemons.wait_line(r"^delete msg %d$" % n)
         wait_mess_gone(qmail_home, n)
         reply = os.path.join(cdir, claimed[:-len(".work")] + ".reply")
+        wait_gone(os.path.join(cdir, claimed))          # answered: the reply is in place first
         with open(reply, "rb") as f:
             assert f.read() == b"%d done deleted\n" % n
         assert os.listdir(cdir) == [os.path.basename(reply)]   # left for a day, then removed

@@ -50,6 +50,13 @@ class QueueError(Exception):
 SLEEP_SYSFAIL = 123      # seconds before a step that failed on a system error is tried again
 
 
+class Located:
+    """The locator of a backend that finds a message by its number at once."""
+
+    def step(self):
+        return True
+
+
 class Scheduled:
     """Work that is due: channel 'local'/'remote' due at `due`, or channel None = completion."""
     __slots__ = ("n", "channel", "due")
@@ -209,12 +216,23 @@ class QueueBackend(ABC):
 
     # -- qmail-send: commands (qmailctl queue ...; send/commands.py) ------
     # qmail-send calls these only for a message none of whose deliveries is in flight
-    # and none of whose scheduled entries it holds.
+    # and none of whose scheduled entries it holds. A command may name a great many
+    # messages: qmail-send locates them once (in steps, between its other work), then
+    # takes and acts on a few at a time, and commit()s each batch before it answers.
+    def locate(self, numbers):
+        """A Locator for a command's numbers (ascending, no repeats): its step() does
+        a bounded part of the work of finding them and says True once they are found;
+        the backend keeps it up to date with its own changes until forget(locator)."""
+        return Located()
+
+    def forget(self, locator):
+        """The command is answered: the backend stops keeping the locator up to date."""
+
     @abstractmethod
-    def take(self, numbers):
-        """(preprocessed, queued): the numbers in S5 and those still in S4. Each
-        preprocessed number is then brought in with bring(), one at a time, so that a
-        command naming many messages never holds them all in memory."""
+    def take(self, numbers, locator=None):
+        """(preprocessed, queued): of these numbers (a batch of the locator's, or any
+        numbers without one), those in S5 and those still in S4. Each preprocessed
+        number is then brought in with bring(), one at a time."""
 
     @abstractmethod
     def bring(self, n):
@@ -225,13 +243,17 @@ class QueueBackend(ABC):
     def let_go(self, n):
         """qmail-send is done with a message take() gave it (if it is still queued)."""
 
+    def commit(self):
+        """Make the hold, release and delete calls made so far durable (QueueError if
+        that fails); qmail-send calls it before it answers them."""
+
     @abstractmethod
     def is_held(self, n):
         """True while message n is held: the schedule never offers it."""
 
     @abstractmethod
     def hold(self, n):
-        """Hold message n, durably (it stays held across restarts)."""
+        """Hold message n (durable at the next commit(): it then stays held across restarts)."""
 
     @abstractmethod
     def release(self, n):
@@ -244,7 +266,7 @@ class QueueBackend(ABC):
     @abstractmethod
     def delete(self, n):
         """Remove message n without delivering or bouncing: S5 -> S1, by the same
-        removal path as complete()."""
+        removal path as complete(); nothing is delivered of it once this returns."""
 
     # -- readers: qmail-qread, qmail-qstat, snapshots ---------------------
     @abstractmethod

@@ -68,7 +68,7 @@ class DirCommands:
                 free.append(e)
         return free
 
-    def take(self, numbers):
+    def take(self, numbers, locator=None):
         preprocessed, queued = [], []
         for n in numbers:
             if self._exists(self._rel("todo", n)):

@@ -1,70 +1,83 @@
 """The log backend's side of qmail-send's commands (qmailctl queue ...; docs/log-queue.md "Held messages").
 
 A message a command names is brought in flight (`active`) from its live snapshot,
-found by one read of the log per command (there is no index by number), and
-acted on with the backend's usual records: a hold or a release is a REPLACEMENT
+found by a Locator's walk of the log (loglocator.py: there is no index by number),
+and acted on with the backend's usual records: a hold or a release is a REPLACEMENT
 with the held bit of its `sched` byte set or clear (the runners never offer a
 held snapshot), a requeue a REPLACEMENT whose channels are due now, a delete a
-FINISH, synced before the command is answered.
+FINISH; commit() syncs them before qmail-send answers (one fsync a batch).
 """
+from array import array
+
 from qmailpy.backends import logrecords as R
 from qmailpy.backends.base import QueueError
-from qmailpy.backends.logcursor import Cursor
 from qmailpy.backends.loginflight import InFlight
+from qmailpy.backends.loglocator import Locator
 from qmailpy.backends.logsegments import now as _now
 
 
 class LogCommands:
-    """Mixin of LogQueue: needs active, taken, pending_new, garbage, _segments(), _read_at(), _scan_new(),
-    _get(), _settle(), _write_snapshot(), _append() and _supersede()."""
+    """Mixin of LogQueue: needs active, taken, locators, pending_new, garbage, writer, _segments(),
+    _read_at(), _scan_new(), _get(), _settle(), _write_snapshot(), _append(), _supersede() and _tail()."""
 
-    def take(self, numbers):
+    def locate(self, numbers):
+        locator = Locator(self, numbers)
+        self.locators.append(locator)
+        return locator
+
+    def forget(self, locator):
+        if locator in self.locators:
+            self.locators.remove(locator)
+
+    def _note_appended(self, data, pos):
+        """Each record qmail-send appends, for the locators (loglocator.py)."""
+        off = 0
+        while off < len(data):
+            length = R.frame_length(data, off)
+            if length is None:
+                return
+            head = R.schedule(data, off)
+            for locator in self.locators:
+                locator.note(head[0], head[3], (pos[0], pos[1] + off))
+            off += length
+
+    def take(self, numbers, locator=None):
+        if locator is None:                      # one walk now, for these numbers alone
+            locator = self.locate(array("Q", sorted(set(numbers))))
+            try:
+                while not locator.step():
+                    pass
+                return self.take(numbers, locator)
+            finally:
+                self.forget(locator)
+        self._scan_new()
         self.taken = {}
-        wanted = set(numbers) - set(self.active)
-        if wanted:
-            self._scan_new()
-            self.taken = self._live_snapshots(wanted)
-        preprocessed = [n for n in numbers if n in self.active or n in self.taken]
-        queued = [n for n in numbers if n in self.pending_new and n not in preprocessed]
+        preprocessed, queued = [], []
+        for n in numbers:
+            pos = locator.where(n) if n not in self.active else None
+            if pos is not None:
+                self.taken[n] = pos
+            if n in self.active or pos is not None:
+                preprocessed.append(n)
+            elif n in self.pending_new:
+                queued.append(n)
         return preprocessed, queued
 
     def bring(self, n):
-        """Read n's snapshot now, not at take(): a command naming 100,000 messages keeps
-        100,000 positions in memory, not 100,000 messages in flight."""
+        """Read n's snapshot now, not at take(): a batch holds positions, not messages."""
         pos = self.taken.pop(n, None)
         if n in self.active:
             return True
         if pos is None:
             return False
         rec = self._read_at(pos)
-        if (rec.type not in R.SNAPSHOTS or pos in self.garbage
+        if (rec.type not in R.SNAPSHOTS or rec.n != n or pos in self.garbage
                 or self._flagged_garbage(rec.flags, pos, rec.length)):
             return False
         a = InFlight(n, pos, rec)
         a.offered = set()
         self.active[n] = a
         return True
-
-    def _live_snapshots(self, wanted):
-        """{n: position of its newest snapshot} for the wanted numbers that have one and
-        no FINISH after it: one walk of the log reading only each record's fixed prefix,
-        so memory holds the answer, not the log."""
-        found = {}
-        segments = self._segments()
-        if not segments:
-            return found
-        cur = Cursor(self, (segments[0], R.HEADER_SIZE))
-        while True:
-            head = cur.peek_schedule()
-            if head is None:
-                return found
-            type, _flags, _time, n, _dues, length = head
-            if n in wanted:
-                if type in R.SNAPSHOTS:
-                    found[n] = cur.pos
-                elif type == R.FINISH:
-                    found.pop(n, None)
-            cur.skip(length)
 
     def let_go(self, n):
         a = self.active.get(n)
@@ -83,8 +96,11 @@ class LogCommands:
         except QueueError:
             a.held = was
             raise
-        try:                                     # on disk before qmail-send answers "held":
-            self.writer.sync_to(*self._tail())   # a power cut must not undo it
+
+    def commit(self):
+        """On disk before qmail-send answers: a power cut must not undo a hold or a delete."""
+        try:
+            self.writer.sync_to(*self._tail())
         except OSError as e:
             raise QueueError("trouble syncing the log: %s" % e.strerror)
 
@@ -102,7 +118,7 @@ class LogCommands:
 
     def delete(self, n):
         a = self._get(n)
-        self._append(R.encode_finish(_now(), n, a.snap), durable=True)
+        self._append(R.encode_finish(_now(), n, a.snap))
         del self.active[n]
         self._supersede(a.snap)
         self.to_clean.append(n)

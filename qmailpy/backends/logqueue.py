@@ -60,6 +60,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
         self._fds = {}
         self.active = {}
         self.taken = {}               # n -> live snapshot position, found by a command's take()
+        self.locators = []            # of the commands being carried out (loglocator.py)
         self.pending_new = {}
         self.live = {}
         self.garbage = set()          # superseded positions whose flag is not yet written

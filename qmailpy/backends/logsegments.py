@@ -23,7 +23,7 @@ def now():
 
 class LogSegments:
     """Mixin of LogQueue: needs self.logdir, self.segment_limit, self._writer, self._fds,
-    self._log, self.problems and self._reported (set up by LogQueue.__init__)."""
+    self._log, self.problems, self._reported and self.locators (set up by LogQueue.__init__)."""
 
     @property
     def writer(self):
@@ -111,9 +111,12 @@ class LogSegments:
     # -- appending -------------------------------------------------------------
     def _append(self, data, durable=False):
         try:
-            return self.writer.append(data, durable)
+            pos = self.writer.append(data, durable)
         except OSError as e:
             raise QueueError("trouble writing to log: %s" % e.strerror)
+        if self.locators:                 # a command is finding its messages (loglocator.py)
+            self._note_appended(data, pos)
+        return pos
 
     def _tail(self):
         head, end = self.writer.head()

@@ -59,7 +59,7 @@ def select_numbers(home, wanted):
     if not any(getattr(wanted, f) is not None for f in _FILTERS):
         return sorted(wanted.numbers)
     from qmailpy.ctl.queuewalk import records
-    return [r["n"] for r in records(home, wanted.numbers) if wanted(r)]
+    return sorted(r["n"] for r in records(home, wanted.numbers) if wanted(r))
 
 
 def run(args):
@@ -106,25 +106,26 @@ def run(args):
     if reply is None:
         return EXIT_TEMP
     status = 0
-    for n, result, text in command.decode_reply(reply):
-        if result == command.DONE:
-            print("%d: %s" % (n, text))
-        else:
-            _say(action, "%d: %s" % (n, text))
-            status = EXIT_TEMP if result == command.LATER or status == EXIT_TEMP else EXIT_NOT_DONE
+    with reply:
+        for n, result, text in command.decode_reply(reply):
+            if result == command.DONE:
+                print("%d: %s" % (n, text))
+            else:
+                _say(action, "%d: %s" % (n, text))
+                status = EXIT_TEMP if result == command.LATER or status == EXIT_TEMP else EXIT_NOT_DONE
     return status
 
 
 def _wait(ino, cdir, name, queue, timeout, action):
-    """The reply's bytes, or None (said why on stderr) when there is none to wait for."""
+    """The reply, open (and already unlinked), or None (said why on stderr) when there is
+    none to wait for."""
     reply = os.path.join(cdir, name + command.REPLY)
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with open(reply, "rb") as f:
-                data = f.read()
+            f = open(reply, "rb")
             os.unlink(reply)
-            return data
+            return f
         except FileNotFoundError:
             pass
         left = deadline - time.monotonic()

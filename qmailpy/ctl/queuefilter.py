@@ -27,7 +27,7 @@ import argparse
 import re
 import time
 
-from qmailpy import states
+from qmailpy import command, states
 
 STATE_NAMES = ("new", "preprocessed", "held", "local", "remote")
 
@@ -55,7 +55,7 @@ def size(text):
 
 
 def number(text):
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()) or not command.check_number(int(text)):
         raise argparse.ArgumentTypeError("%r is not a message number" % text)
     return int(text)
 

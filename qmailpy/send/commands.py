@@ -2,12 +2,19 @@
 release | requeue | bounce, read from queue/command/ (qmailpy/command.py) and answered there.
 
 qmail-send looks at the directory when the trigger is pulled and at startup. A
-command on a message none of whose deliveries is in flight is carried out at once.
-Otherwise qmail-send starts no more deliveries of it, waits for those in flight to
-finish, and only then acts and answers: so nothing is delivered after a delete is
-answered. A message still in todo is acted on once it is preprocessed.
+command is carried out in steps between qmail-send's other work, so a command naming
+a great many messages never stops deliveries for long, nor grows qmail-send: its
+numbers are an array, the backend locates them (the log backend by walking the log,
+WALK_STEP records a turn), then ACT_BATCH of them are acted on a turn, the batch is
+committed (one fsync) and its answers are appended to the reply being written.
 
-Each action is logged as one line per message (logline.command_msg, bounce_now).
+A message none of whose deliveries is in flight is acted on at once. Otherwise
+qmail-send starts no more deliveries of it, waits for those in flight to finish, and
+only then acts and answers: so nothing is delivered after a delete is answered. A
+message still in todo is acted on once it is preprocessed.
+
+Each action is logged as one line per message (logline.command_msg, bounce_now), once
+it is durable.
 """
 import heapq
 import os
@@ -19,22 +26,24 @@ from qmailpy.backends.base import QueueError
 from qmailpy.send.clean import CleanerLost
 
 COMMAND_BATCH = 64          # command files read per loop iteration
+ACT_BATCH = 200             # messages acted on per loop iteration, then one commit
 TODO_TRIES = 3              # todo scans to wait for before a queued message is answered
 STALE_REPLY = 86400         # seconds; an older unread answer is removed at startup
 
 
 class Open:
-    """A command being carried out, and where each of its numbers stands."""
-    __slots__ = ("name", "command", "results", "todo", "tries")
+    """A command being carried out: where its numbers (ascending) stand."""
+    __slots__ = ("name", "command", "locator", "next", "answered", "reply", "broken", "todo", "tries")
 
-    def __init__(self, name, cmd):
+    def __init__(self, name, cmd, directory):
         self.name, self.command = name, cmd
-        self.results = {}                        # n -> (result, text)
+        self.locator = None
+        self.next = 0                            # index of the first number not yet started
+        self.answered = 0
+        self.reply = command.ReplyWriter(directory, name)
+        self.broken = None                       # OSError writing the reply
         self.todo = set()                        # numbers still in todo
         self.tries = 0                           # todo scans waited for
-
-    def complete(self):
-        return len(self.results) == len(set(self.command.numbers))
 
 
 class CommandDesk:
@@ -43,12 +52,14 @@ class CommandDesk:
         self.dir = command.COMMAND_DIR           # relative: qmail-send runs in queue/
         self.rescan = True                       # startup: also commands a crash left claimed
         self.startup = True
+        self.ops = []                            # Opens with numbers not yet started
         self.waiting = {}                        # n -> [Open] until n's deliveries end
         self.quiesce = set()                     # numbers whose passes start no delivery
         self.todo_wait = []                      # Opens whose messages were still in todo
 
     def wakeup(self, now):
-        return now if self.rescan or (self.todo_wait and self.send.todo is None) else None
+        busy = self.rescan or self.ops or (self.todo_wait and self.send.todo is None)
+        return now if busy else None
 
     # -- reading the directory -------------------------------------------------
     def do(self, pulled):
@@ -59,8 +70,11 @@ class CommandDesk:
             for op in ops:
                 numbers, op.todo = sorted(op.todo), set()
                 self._start(op, numbers)
-        if not self.rescan:
-            return
+        if self.rescan:
+            self._scan()
+        self._step()
+
+    def _scan(self):
         self.rescan = False
         try:
             names = sorted(os.listdir(self.dir))
@@ -72,15 +86,16 @@ class CommandDesk:
             if taken >= COMMAND_BATCH:
                 self.rescan = True
                 break
-            if name.endswith(command.REPLY) and self.startup:
-                self._drop_stale_reply(name)
+            if self.startup and (name.startswith(".") or name.endswith(command.REPLY)):
+                self._drop_stale(name)
                 continue
             if name.startswith(".") or name.endswith(command.REPLY):
                 continue
             if name.endswith(command.WORK):
-                if self.startup and "." not in name[:-len(command.WORK)]:
+                base = name[:-len(command.WORK)]
+                if self.startup and "." not in base:
                     taken += 1
-                    self._read(name[:-len(command.WORK)])
+                    self._resume(base, names)
                 continue
             taken += 1
             if "." in name:
@@ -96,14 +111,25 @@ class CommandDesk:
             self._read(name)
         self.startup = False
 
-    def _drop_stale_reply(self, name):
-        """An answer nobody read for a day: its qmailctl was killed."""
+    def _drop_stale(self, name):
+        """An answer nobody read for a day (its qmailctl was killed), or a file being
+        written that a crash left."""
         path = os.path.join(self.dir, name)
         try:
-            if os.stat(path).st_mtime < time.time() - STALE_REPLY:
+            if os.lstat(path).st_mtime < time.time() - STALE_REPLY:
                 os.unlink(path)
         except OSError:
             pass
+
+    def _resume(self, name, names):
+        """A command claimed before a crash: answered already if its reply is there."""
+        if name + command.REPLY in names:
+            try:
+                os.unlink(self._work(name))
+            except OSError:
+                pass
+            return
+        self._read(name)
 
     def _work(self, name):
         return os.path.join(self.dir, name + command.WORK)
@@ -127,23 +153,37 @@ class CommandDesk:
                 self._garbage(name + command.WORK, "not a regular file")
                 return
             with open(fd, "rb", closefd=False) as f:
-                data = f.read(command.MAX_COMMAND + 1)
+                cmd = command.read(f)
         except OSError as e:
             self._garbage(name + command.WORK, "unable to read: %s" % e.strerror)
             return
-        finally:
-            os.close(fd)
-        try:
-            if len(data) > command.MAX_COMMAND:
-                raise command.CommandError("too long")
-            cmd = command.decode(data)
         except command.CommandError as e:
             self._garbage(name + command.WORK, str(e))
             return
-        op = Open(name, cmd)
-        self._start(op, list(dict.fromkeys(cmd.numbers)))
+        finally:
+            os.close(fd)
+        op = Open(name, cmd, self.dir)
+        if not cmd.numbers:
+            self._answer(op)
+            return
+        op.locator = self.send.backend.locate(cmd.numbers)
+        self.ops.append(op)
 
     # -- carrying out -----------------------------------------------------------
+    def _step(self):
+        """One step of the oldest command: a step of its locator's walk, or a batch."""
+        if not self.ops:
+            return
+        op = self.ops[0]
+        if not op.locator.step():
+            return
+        numbers = op.command.numbers
+        batch = numbers[op.next:op.next + ACT_BATCH]
+        op.next += len(batch)
+        if op.next >= len(numbers):
+            self.ops.pop(0)
+        self._start(op, batch)
+
     def _start(self, op, numbers):
         """Act on the numbers of op that are idle; the others wait for their deliveries."""
         idle = []
@@ -153,41 +193,57 @@ class CommandDesk:
                 self.waiting.setdefault(n, []).append(op)
             else:
                 idle.append(n)
-        if idle or op.complete():
+        if idle:
             self._act(op, idle)
 
     def _act(self, op, numbers):
         backend = self.send.backend
         self._give_back(numbers)
+        answers = []                             # (n, result, text, lines to log)
         try:
-            preprocessed, queued = backend.take(numbers) if numbers else ([], [])
+            preprocessed, queued = backend.take(numbers, op.locator)
         except QueueError as e:
             self.send.warn(str(e))
-            preprocessed, queued = [], []
-            for n in numbers:
-                op.results[n] = (command.LATER, "queue error; try again")
+            preprocessed, queued = (), ()
+            answers = [(n, command.LATER, "queue error; try again", ()) for n in numbers]
+            numbers = ()
         preprocessed, queued = set(preprocessed), set(queued)
         for n in numbers:
-            if n in op.results:
-                continue
             if n in preprocessed:
                 if not self._bring(n):
-                    op.results[n] = (command.NONE, "not in queue")
+                    answers.append((n, command.NONE, "not in queue", ()))
                     continue
-                op.results[n] = self._carry_out(op.command, n)
+                answers.append((n,) + self._carry_out(op.command, n))
                 backend.let_go(n)
             elif n in queued and op.tries < TODO_TRIES:
                 op.todo.add(n)                   # answered after a todo scan
             elif n in queued:
-                op.results[n] = (command.LATER, "not yet preprocessed; try again")
+                answers.append((n, command.LATER, "not yet preprocessed; try again", ()))
             else:
-                op.results[n] = (command.NONE, "not in queue")
+                answers.append((n, command.NONE, "not in queue", ()))
         if op.todo and op not in self.todo_wait:
             op.tries += 1
             self.todo_wait.append(op)
             self.send.nexttodorun = self.send.now
-        if op.complete():
-            self._answer(op)
+        self._commit(answers)
+        for n, result, text, _ in answers:
+            self._record(op, n, result, text)
+
+    def _commit(self, answers):
+        """The batch's actions durable, then their log lines; if the sync fails, their
+        answers are 'later' (qmailctl exits 111 and may ask again)."""
+        if not any(lines for _, _, _, lines in answers):
+            return
+        try:
+            self.send.backend.commit()
+        except QueueError as e:
+            self.send.warn(str(e))
+            answers[:] = [(n, command.LATER, "queue error: %s" % e, ()) if lines else (n, r, t, lines)
+                          for n, r, t, lines in answers]
+            return
+        for _, _, _, lines in answers:
+            for line in lines:
+                self.send.log(line)
 
     def _bring(self, n):
         try:
@@ -240,41 +296,42 @@ class CommandDesk:
                 send.warn(str(e))
 
     def _carry_out(self, cmd, n):
-        """(result, text) of one action on an idle, taken message n."""
+        """(result, text, lines to log once committed) of one action on an idle, taken message n."""
         backend, send = self.send.backend, self.send
         action = cmd.action
         try:
             held = backend.is_held(n)
             if action == "delete":
                 backend.delete(n)
-                send.log(logline.command_msg("delete", n))
-                return command.DONE, "deleted"
+                return command.DONE, "deleted", (logline.command_msg("delete", n),)
             if action == "release" and not held:
-                return command.NONE, "not held"
+                return command.NONE, "not held", ()
             if action == "hold" and held:
-                return command.NONE, "already held"
+                return command.NONE, "already held", ()
             if not backend.channels_left(n):
-                return command.NONE, "nothing left to deliver"
+                return command.NONE, "nothing left to deliver", ()
             if action == "hold":
                 backend.hold(n)
-                send.log(logline.command_msg("hold", n))
-                return command.DONE, "held"
+                return command.DONE, "held", (logline.command_msg("hold", n),)
+            lines = ()
             if held:
                 backend.release(n)
-                send.log(logline.command_msg("release", n))
+                lines = (logline.command_msg("release", n),)
                 if action == "release":
-                    return command.DONE, "released"
+                    return command.DONE, "released", lines
             if action == "requeue":
                 backend.requeue(n, int(time.time()))
-                send.log(logline.command_msg("requeue", n))
-                return command.DONE, "requeued"
-            return self._bounce(n, cmd.reason)
+                return command.DONE, "requeued", lines + (logline.command_msg("requeue", n),)
+            if lines:                            # the release is logged before the bounce's lines
+                backend.commit()
+                send.log(lines[0])
+            return self._bounce(n, cmd.reason) + ((),)
         except QueueError as e:
             send.warn(str(e))
-            return command.LATER, "queue error: %s" % e
+            return command.LATER, "queue error: %s" % e, ()
         except CleanerLost:
             send.cleandied()
-            return command.LATER, "qmail-clean lost"
+            return command.LATER, "qmail-clean lost", ()
 
     def _bounce(self, n, reason):
         """Fail every pending recipient with `reason`, through qmail's bounce path."""
@@ -293,10 +350,23 @@ class CommandDesk:
         heapq.heappush(send.pqdone, (int(time.time()), n))
         return command.DONE, "bounced %d recipient%s" % (failed, "" if failed == 1 else "s")
 
+    def _record(self, op, n, result, text):
+        op.answered += 1
+        if op.broken is None:
+            try:
+                op.reply.add(n, result, text)
+            except OSError as e:
+                op.broken = e
+        if op.answered == len(op.command.numbers):
+            self._answer(op)
+
     def _answer(self, op):
-        results = [(n,) + op.results[n] for n in dict.fromkeys(op.command.numbers)]
+        if op.locator is not None:
+            self.send.backend.forget(op.locator)
         try:
-            command.write_atomically(self.dir, op.name + command.REPLY, command.encode_reply(results))
+            if op.broken is not None:
+                raise op.broken
+            op.reply.finish()
             os.unlink(self._work(op.name))
         except OSError as e:
             self.send.warn("unable to answer %s/%s: %s" % (self.dir, op.name, e.strerror))
