@@ -47,6 +47,8 @@ class CDB:
                 break
             if slot_hash != h:
                 continue
+            if record_pos + 8 > len(data):
+                raise ValueError("cdb record runs past the end of the file")
             klen, dlen = _PAIR.unpack_from(data, record_pos)
             kstart = record_pos + 8
             if data[kstart:kstart + klen] == key:

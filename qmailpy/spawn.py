@@ -276,7 +276,9 @@ def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=
             try:
                 done = pool.start(cmd, messfd, out_w)
             except OSError:
-                done = (111 << 8, b"Zqmail-spawn unable to fork. (#4.3.0)\n")
+                os.close(out_r)         # qmail's own reply, as for a failed fork below
+                send(encode_reply(cmd.slot, b"Zqmail-spawn unable to fork. (#4.3.0)\n"))
+                return
             if done is not None:
                 os.close(out_r)
                 send(encode_reply(cmd.slot, report(*done)))

@@ -192,9 +192,16 @@ class Pool:
             packet = receive(worker.channel)
         except OSError:
             packet = None
+        if packet is not None and (packet[1] or not worker.busy):
+            for fd in packet[1]:        # a worker reports its job, with no descriptors, once:
+                os.close(fd)            # anything else ends it, as if it had died
+            packet = None
         done = []
         if worker.busy:
-            done = self.results(worker.job, None if packet is None else packet[0])
+            try:
+                done = self.results(worker.job, None if packet is None else packet[0])
+            except Exception:           # a report that does not parse: the job crashed
+                done, packet = self.results(worker.job, None), None
             worker.busy, worker.job = False, None
         if packet is None or worker.uses >= self.max_use:
             self.drop(worker)
@@ -250,7 +257,9 @@ def keep_only_channel(channel):
     a held write end would delay another delivery's EOF), /dev/null on fds 0-2 (not
     qmail-send's pipes: those are the spawner's alone). The channel as a new socket."""
     if channel.fileno() != 3:
-        os.dup2(channel.fileno(), 3)
+        # close-on-exec: a |program the worker runs must not get the channel to its
+        # spawner (qmail-lspawn is root and would take whatever it wrote for a report)
+        os.dup2(channel.fileno(), 3, inheritable=False)
         channel.detach()
     os.closerange(4, 65536)
     null_stdio()

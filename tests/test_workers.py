@@ -169,6 +169,31 @@ def test_a_queueing_worker_killed_mid_request_queues_nothing_and_is_replaced(qma
     assert len(queued(qmail_home)) == 2
 
 
+
+def files_open(pid):
+    """A process's descriptors other than sockets (a worker may not have closed the connection
+    it just answered yet)."""
+    found = {}
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        path = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        if not path.startswith("socket:"):
+            found[fd] = path
+    return found
+
+
+@pytest.mark.both_backends
+def test_a_queueing_worker_keeps_no_descriptor_of_a_request_it_queued(qmail_home):
+    """Each request's mess (and intd) file is closed when it is queued: a worker that kept
+    them would run out of descriptors after a few hundred requests and hold deleted files."""
+    with QmqpServer(qmail_home, "-c", "1", "-n", "1000") as server:
+        worker = qp(ask(server.socket, GOOD))
+        after_one = files_open(worker)
+        for _ in range(10):
+            assert qp(ask(server.socket, GOOD)) == worker
+        assert files_open(worker) == after_one
+        assert not [path for path in after_one.values() if "/queue/" in path]
+
+
 # --- qmail-lspawn --------------------------------------------------------------------
 
 PROGRAM = "|echo worker=$PPID uid=$(id -u)\n./Maildir/\n"
@@ -252,3 +277,109 @@ def test_a_delivery_worker_killed_mid_delivery_loses_that_delivery_only(users):
     assert lspawn.deliver(b"dan@test.example") == (b"K", b"did 1+0+0\n")
     lspawn.close()
     assert len(maildir_files(os.path.join(home, "Maildir"))) == 1
+
+
+def test_a_program_gets_no_descriptor_of_its_worker(users):
+    """A |program sees the message and the report pipe only: fd 3, the worker's channel to
+    qmail-lspawn (root), is closed on exec. A program that wrote a report of its own there
+    ended qmail-lspawn, and with it qmail-send."""
+    home = users.add("eve")
+    users.dotqmail(home, "", "|ls -l /proc/self/fd; printf garbage >&3\n")
+    other = users.add("fay")
+    users.dotqmail(other, "", "./Maildir/\n")
+    lspawn = Lspawn(users)
+    letter, text = lspawn.deliver(b"eve@test.example")
+    assert b"socket:" not in text, text
+    assert letter == b"Z", text             # the printf failed: no fd 3
+    assert lspawn.deliver(b"fay@test.example") == (b"K", b"did 1+0+0\n")
+    lspawn.close()
+
+
+def test_a_report_qmail_lspawn_cannot_read_counts_as_a_crash(users):
+    """The worker runs as the recipient; what it sends qmail-lspawn is not trusted: a report
+    that is not an exit status, or one sent while it has no job, ends the worker."""
+    import selectors
+    from qmailpy import workers
+    from qmailpy.local.workerpool import DeliveryWorkers
+
+    def liar(*reports):
+        def body(channel):
+            workers.next_job(channel, 2)
+            for report in reports:
+                workers.send(channel, report)
+            channel.recv(1)                 # until qmail-lspawn lets go
+            return 0
+        return body
+
+    pool = DeliveryWorkers(users.qh.path, b"./Maildir/")
+    selector = selectors.DefaultSelector()
+    pool.register(selector)
+    key = (users.qh.uid, users.qh.gid)
+
+    def hand(slot, body):
+        out_r, out_w = os.pipe()
+        mess = os.open(os.devnull, os.O_RDONLY)
+        pool.hand(key, body, slot, b"job", [mess, out_w])
+        os.close(mess)
+        os.close(out_w)
+        os.close(out_r)
+
+    def next_report():
+        [(ready, _)] = selector.select(TIMEOUT)
+        return ready.data[1], pool.readable(ready.data[1])
+
+    hand(7, liar(b"garbage"))
+    worker, done = next_report()
+    assert done == [(7, signal.SIGKILL, None)]
+    assert not pool.live and not pool.idle  # dropped, not kept for the next delivery
+    os.waitpid(worker.pid, 0)
+
+    hand(8, liar(b"0", b"0"))
+    worker, done = next_report()
+    assert done == [(8, 0, None)] and worker in pool.idle
+    assert next_report() == (worker, [])    # a second report, with no job in hand
+    assert not pool.live and not pool.idle
+    os.waitpid(worker.pid, 0)
+    selector.close()
+
+
+def test_a_damaged_users_cdb_fails_the_delivery_not_qmail_lspawn(users):
+    """qmail-lspawn reads users/cdb itself now: a record pointing past the end of the file
+    is qmail's 'Trouble reading users/cdb', not the end of qmail-lspawn."""
+    import struct
+    from qmailpy.cdb import cdb_hash
+    users.add("gus")
+    h = cdb_hash(b"")
+    header = bytearray(2048)
+    struct.pack_into("<II", header, (h & 255) * 8, 2048, 1)
+    with open(os.path.join(users.qh.path, "users", "cdb"), "wb") as f:
+        f.write(bytes(header) + struct.pack("<II", h, 10 ** 6))
+    lspawn = Lspawn(users)
+    assert lspawn.deliver(b"gus@test.example") == (b"Z", b"Trouble reading users/cdb in qmail-lspawn.\n")
+    lspawn.close()
+
+
+def test_a_worker_that_cannot_be_forked_gets_qmail_spawns_reply(users):
+    """qmail's spawn.c: 'Z' and 'qmail-spawn unable to fork. (#4.3.0)'; the letter once."""
+    import resource
+    home = users.add("hal")
+    users.dotqmail(home, "", "./Maildir/\n")
+    uid, gid = users.qh.uid, users.qh.gid
+
+    def no_more_processes():
+        if AS_ROOT:                         # root is not held by RLIMIT_NPROC
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+        resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))   # after the switch: exec still works
+    program = shutil.which("qmail-lspawn", path=users.qh.env["PATH"])
+    proc = subprocess.Popen([program, "./Maildir/"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env=users.qh.env, preexec_fn=no_more_processes)
+    mess = users.mess(b"Subject: x\n\nhello\n")
+    proc.stdin.write(users.command(0, mess, b"joe@example.org", b"hal@test.example"))
+    proc.stdin.close()
+    out = proc.stdout.read()
+    assert proc.wait(timeout=TIMEOUT) == 0
+    proc.stdout.close()
+    assert out[:1] == bytes((spawn.SLOTS,))
+    assert spawn.ReplyReader().feed(out[1:]) == [(0, b"Z", b"qmail-spawn unable to fork. (#4.3.0)\n")]

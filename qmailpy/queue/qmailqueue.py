@@ -23,8 +23,8 @@ setuid, so when started as root run() switches to the home's qmailq account
 (qmailpy.privs.become) after recording the caller's real uid for the Received
 line and the u record; started as any other user it runs as that user. Only
 root and the queue's owner call it so (home.has_queue_rights): every other
-submitter hands its message to qmail-qmqpd (qmailpy.queue.client), whose forked
-child, running as qmailq, calls run_from() with the uid the kernel reported.
+submitter hands its message to qmail-qmqpd (qmailpy.queue.client), whose queueing
+worker, running as qmailq, calls run_from() with the uid the kernel reported.
 """
 import fcntl
 import os
@@ -159,6 +159,7 @@ def run_from(home, read_message, read_envelope, uid=None, tidy=False, not_before
         return 81
     finally:
         queue.release_queue()
+        queue.close_files()         # a queueing worker lives on: no fd (or inode) per request
 
 
 class _Queue:
@@ -277,6 +278,12 @@ class _Queue:
             fcntl.flock(self.queue_fd, fcntl.LOCK_SH)
         except OSError:
             self.die(62)
+
+    def close_files(self):
+        for fd in (self.intd_fd, self.mess_fd):
+            if fd is not None:
+                os.close(fd)
+        self.intd_fd = self.mess_fd = None
 
     def release_queue(self):
         if self.queue_fd is not None:

@@ -3,7 +3,8 @@
 As qmail's `tcpserver -u qmaild -g nofiles`: uid qmaild in all slots, group
 nofiles only. The session holds no queue right; it queues through qmail-qmqpd
 (qmailpy.queue.client), which records "from network" for qmaild's uid. In a
-single-user home qmaild is the queue's owner and the session queues itself.
+single-user home qmaild is the queue's owner; the session still queues through
+qmail-qmqpd and runs qmail-queue's code itself only when no server answers.
 """
 import importlib
 import os
