@@ -15,7 +15,8 @@ SIGTERM or SIGINT closes the listening sockets and every worker's channel and en
 the loop; a worker finishes the connection in hand, then reads EOF and exits.
 
 Hooks for subclasses: admit() and dispatched()/finished() run in the server;
-worker_started() runs once in each new worker, child() once per connection.
+worker_started() runs once in each new worker, child() once per connection and
+let_go() after it, once the server has been told the connection ended.
 """
 import errno
 import gc
@@ -64,6 +65,9 @@ class WorkerServer:
 
         sock_index: which of the listening sockets accepted it. Raising ends the worker."""
         raise NotImplementedError
+
+    def let_go(self):
+        """In a worker, after child() and its report: close what still holds the connection."""
 
     def dispatched(self, worker, context):
         """In the server, when a connection with admit()'s context went to worker."""
@@ -256,12 +260,15 @@ class WorkerServer:
                 sock_index, context = marshal.loads(payload)
                 conn.setblocking(True)
                 status = self.child(sock_index, conn, context)
+                # The server hears of the end before the client sees the connection close
+                # (below): a client that reconnects at once no longer counts as connected.
+                try:
+                    workers.send(channel, b"%d" % (status if isinstance(status, int) else 111))
+                except OSError:
+                    return 0                # the server is gone
             finally:
                 conn.close()
-            try:
-                workers.send(channel, b"%d" % (status if isinstance(status, int) else 111))
-            except OSError:
-                return 0                    # the server is gone
+                self.let_go()
 
 
 def _drain(fd):

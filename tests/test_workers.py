@@ -135,6 +135,16 @@ def test_a_session_worker_killed_mid_session_loses_that_session_only(qmail_home)
     assert [m.recipients for m in queued(qmail_home)] == [[b"you@test.example"]]
 
 
+
+def test_a_client_that_reconnects_after_quit_is_not_counted_twice(qmail_home):
+    """-s 1: a client that connects again as soon as its session closed is served; the
+    listener hears that the session ended before the client sees the close (it answered
+    most such reconnections 421 too many connections from your address)."""
+    with ListenerProcess(qmail_home, "-c", "4", "-s", "1") as listener:
+        for _ in range(40):
+            quit_(greeted(listener.port))
+
+
 # --- qmail-qmqpd -------------------------------------------------------------------
 
 def qp(answer):

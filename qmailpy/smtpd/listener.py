@@ -88,10 +88,10 @@ class Listener(WorkerServer):
             self.setup()
 
     def child(self, sock_index, conn, context):
-        try:
-            return self._child(conn, conn.getpeername(), context[1])
-        finally:
-            _release_connection()
+        return self._child(conn, conn.getpeername(), context[1])
+
+    def let_go(self):
+        _release_connection()
 
     def dispatched(self, worker, context):
         ip = context[0]
