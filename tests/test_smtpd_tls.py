@@ -228,6 +228,38 @@ def test_tls_below_1_2_is_refused(tls_home, certs):
         assert listener.stop() == 0
 
 
+def test_a_session_worker_presents_a_replaced_certificate(tls_home, certs):
+    """A session worker keeps the TLS context it made while control/servercert.pem is
+    unchanged (qmailpy/smtpd/tls.py); a certificate renamed into its place is presented from
+    the next session on, by the same worker."""
+    import ssl
+    unverified = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    unverified.check_hostname, unverified.verify_mode = False, ssl.CERT_NONE
+
+    def presented():
+        with smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT) as client:
+            client.starttls(context=unverified)
+            assert client.noop() == (250, b"ok")
+            return client.sock.getpeercert(binary_form=True)
+
+    def der(name):
+        with open(os.path.join(certs.dir, name)) as f:
+            return ssl.PEM_cert_to_DER_cert(f.read())
+
+    with ListenerProcess(tls_home, "-c", "1") as listener:
+        assert presented() == presented() == der("server.crt")
+        [worker] = psutil.Process(listener.proc.pid).children()
+        with open(certs_path(tls_home) + ".new", "wb") as out:
+            for name in ("self.crt", "self.key"):
+                with open(os.path.join(certs.dir, name), "rb") as f:
+                    out.write(f.read())
+        os.chmod(certs_path(tls_home) + ".new", 0o644)
+        os.rename(certs_path(tls_home) + ".new", certs_path(tls_home))
+        assert presented() == der("self.crt")
+        assert psutil.Process(listener.proc.pid).children() == [worker]
+        assert listener.stop() == 0
+
+
 def test_starttls_resets_the_transaction_and_helo(tls_home, certs):
     s = TlsSession(tls_home)
     with s:

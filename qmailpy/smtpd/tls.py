@@ -40,9 +40,24 @@ def preload():
     ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 
 
+# cert path -> (what os.stat said of it, its context): a session worker serves many
+# sessions, and making the context (reading and checking the key) costs 1-2 ms each
+_contexts = {}
+
+
 def server_context(home):
-    """The ssl module's server defaults, TLS 1.2 at least, with control/servercert.pem."""
+    """The ssl module's server defaults, TLS 1.2 at least, with control/servercert.pem;
+    the one made for an earlier session while the file has not changed."""
     import ssl
+    path = cert_path(home)
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise TlsUnavailable(str(e)) from e
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    cached = _contexts.get(path)
+    if cached is not None and cached[0] == key:
+        return cached[1]
     # the defaults create_default_context() sets, without loading the system's CA
     # certificates (tens of ms): client certificates are not asked for
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -51,9 +66,10 @@ def server_context(home):
     # it: they answer the client's Finished at once, and without them the client's
     # first command waits for our delayed ACK (~40 ms, bench/smtp_reception.py --tls).
     try:
-        context.load_cert_chain(cert_path(home))
+        context.load_cert_chain(path)
     except (OSError, ssl.SSLError) as e:
         raise TlsUnavailable(str(e)) from e
+    _contexts[path] = (key, context)
     return context
 
 
