@@ -207,7 +207,7 @@ def _collect_files(queue):
                     problems.setdefault(n, []).append(
                         "duplicate: %s also found as %s" % (rel, files[kind]["path"]))
                 files[kind] = _meta(rel, split, st)
-    for kind in ("intd", "todo", "bounce"):
+    for kind in ("intd", "todo", "bounce", "hold"):
         for name, st in _scan(os.path.join(queue, kind)):
             n = int(name)
             found.setdefault(n, {})[kind] = _meta("%s/%s" % (kind, name), None, st)

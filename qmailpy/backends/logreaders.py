@@ -159,7 +159,8 @@ class LogReaders:
                 _, rcpts = rec.channels.get(c, (0, []))
                 chans[c] = [ChannelRecord(i, done or (c, i) in m["done"], addr)
                             for i, (done, addr) in enumerate(rcpts)]
-            views.append(MessageView(n, states.S5, rec.birth, rec.size, rec.sender,
+            state = states.HELD if rec.fields.get("held") else states.S5
+            views.append(MessageView(n, state, rec.birth, rec.size, rec.sender,
                                      chans["local"], chans["remote"], bool(m["notes"])))
         views.sort(key=lambda v: (v.n % SPLIT, v.n))
         return views
