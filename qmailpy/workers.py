@@ -240,7 +240,11 @@ class Pool:
             worker.key = key
             self.live[worker.fileno()] = worker
             self.selector.register(worker.channel, selectors.EVENT_READ, ("pool", worker))
-            send(worker.channel, payload, fds)
+            try:
+                send(worker.channel, payload, fds)
+            except OSError:
+                self.drop(worker)
+                raise
         worker.busy, worker.job = True, job
         worker.uses += 1
 

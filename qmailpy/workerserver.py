@@ -14,10 +14,18 @@ server before a connection is handed over, so a refused client costs no worker.
 SIGTERM or SIGINT closes the listening sockets and every worker's channel and ends
 the loop; a worker finishes the connection in hand, then reads EOF and exits.
 
-Hooks for subclasses: admit() and dispatched()/finished() run in the server;
+One client (client_of() of a connection's context: an address, a uid) may have at
+most `per_client` connections in workers at once, so one client cannot take every
+worker. Beyond that a connection waits in the server, in order, for one of that
+client's to end (at most `wait_per_client` of them, `wait_limit` in all), and one
+beyond those is answered by too_many() and closed. With wait_per_client 0 a
+connection beyond per_client is answered at once.
+
+Hooks for subclasses: admit(), client_of() and too_many() run in the server;
 worker_started() runs once in each new worker, child() once per connection and
 let_go() after it, once the server has been told the connection ended.
 """
+import collections
 import errno
 import gc
 import marshal
@@ -37,16 +45,28 @@ _TRANSIENT = (errno.EAGAIN, errno.ECONNABORTED, errno.EINTR, errno.EMFILE, errno
               errno.ENOBUFS, errno.ENOMEM)
 
 
+def half(limit):
+    """The default per-client share: half the workers, rounded up (Postfix's per-client
+    default is half its process limit)."""
+    return (limit + 1) // 2
+
+
 class WorkerServer:
-    def __init__(self, listening, limit, max_use=DEFAULT_MAX_USE, max_idle=DEFAULT_MAX_IDLE):
+    def __init__(self, listening, limit, max_use=DEFAULT_MAX_USE, max_idle=DEFAULT_MAX_IDLE,
+                 per_client=None, wait_per_client=0, wait_limit=0):
         self.listening = list(listening)
         for sock in self.listening:
             sock.setblocking(False)
         self.limit = limit
         self.max_use = max_use
         self.max_idle = max_idle
+        self.per_client = half(limit) if per_client is None else per_client
+        self.wait_per_client, self.wait_limit = wait_per_client, wait_limit
         self.pool = {}              # channel fd -> Worker, every worker that may take work
         self.idle = workers.IdleWorkers(max_idle)
+        self.active = {}            # client -> connections in workers
+        self.waiting = collections.deque()      # (sock_index, conn, context), oldest first
+        self.waiting_of = {}        # client -> connections waiting
         self._stop = False
         self._wake = None
         self._selector = None
@@ -69,11 +89,12 @@ class WorkerServer:
     def let_go(self):
         """In a worker, after child() and its report: close what still holds the connection."""
 
-    def dispatched(self, worker, context):
-        """In the server, when a connection with admit()'s context went to worker."""
+    def client_of(self, context):
+        """In the server: whom a connection counts against, or None (not counted)."""
+        return None
 
-    def finished(self, worker, context):
-        """In the server, when worker's connection ended (or the worker died with it)."""
+    def too_many(self, conn, context):
+        """In the server: answer a connection of a client over its share, before it is closed."""
 
     # -- the loop --------------------------------------------------------------
     def _on_term(self, signum, frame):
@@ -118,6 +139,7 @@ class WorkerServer:
                         while (not self._stop and (self.idle or len(self.pool) < self.limit)
                                and self._accept(sock_index)):
                             pass
+                self._start_waiting()
                 for worker in self.idle.expired():
                     self._retire(worker)
         finally:
@@ -126,6 +148,8 @@ class WorkerServer:
                 signal.signal(s, handler)
             for sock in self.listening:
                 sock.close()
+            for _, conn, _ in self.waiting:
+                conn.close()
             for worker in list(self.pool.values()):
                 self._retire(worker)
             self._selector.close()
@@ -167,45 +191,84 @@ class WorkerServer:
 
     def _accept(self, sock_index):
         """Accept one connection and hand it over; False when none was waiting."""
-        worker = self.idle.take() or self._spawn()
-        if worker is None:
-            return False
         try:
             conn, remote = self.listening[sock_index].accept()
         except OSError as e:
-            self._idle(worker)
             if e.errno in _TRANSIENT:
                 return False
             raise
         try:
             context = self.admit(self.listening[sock_index], conn, remote)
-            if context is REFUSED:
-                self._idle(worker)
+        except BaseException:
+            conn.close()
+            raise
+        if context is REFUSED:
+            conn.close()
+            return True
+        client = self.client_of(context)
+        if client is not None and self.active.get(client, 0) >= self.per_client:
+            self.settle()                   # connections that ended while we were busy
+            if self.active.get(client, 0) >= self.per_client:
+                self._wait(sock_index, conn, context, client)
                 return True
-            job = marshal.dumps((sock_index, context))
+        self._dispatch(sock_index, conn, context)
+        return True
+
+    def _wait(self, sock_index, conn, context, client):
+        """A connection of a client over its share: in line, or answered and closed."""
+        if self.waiting_of.get(client, 0) >= self.wait_per_client or len(self.waiting) >= self.wait_limit:
             try:
-                workers.send(worker.channel, job, [conn.fileno()])
-            except OSError:                 # it died since it was idle: one more try
-                self._drop(worker)
-                worker = self._spawn()
+                self.too_many(conn, context)
+            finally:
+                conn.close()
+            return
+        self.waiting.append((sock_index, conn, context))
+        self.waiting_of[client] = self.waiting_of.get(client, 0) + 1
+
+    def _start_waiting(self):
+        """Hand over, in order, the waiting connections whose client is under its share again."""
+        for entry in list(self.waiting):
+            if self._stop or not (self.idle or len(self.pool) < self.limit):
+                return
+            sock_index, conn, context = entry
+            client = self.client_of(context)
+            if self.active.get(client, 0) < self.per_client:
+                self.waiting.remove(entry)
+                _count(self.waiting_of, client, -1)
+                self._dispatch(sock_index, conn, context)
+
+    def _dispatch(self, sock_index, conn, context):
+        """Hand the connection to a worker (it is closed here either way)."""
+        try:
+            job = marshal.dumps((sock_index, context))
+            worker = self.idle.take()
+            for attempt in range(2):
                 if worker is None:
-                    return True
+                    # forked while the connection is open: the worker must not keep it
+                    worker = self._spawn([conn])
+                    if worker is None:      # no fork possible: the client may try again
+                        return
                 try:
                     workers.send(worker.channel, job, [conn.fileno()])
-                except OSError:
+                    break
+                except OSError:             # it died since it was idle: one more try
                     self._drop(worker)
-                    return True
+                    worker = None
+            else:
+                return
         finally:
             conn.close()
         worker.busy, worker.job = True, context
         worker.uses += 1
-        self.dispatched(worker, context)
-        return True
+        client = self.client_of(context)
+        if client is not None:
+            _count(self.active, client, 1)
 
-    def _spawn(self):
-        """A new worker, or None when the fork fails (the connection waits in the backlog)."""
+    def _spawn(self, also_close=()):
+        """A new worker, or None when the fork fails."""
         close = list(self.listening) + [w.channel for w in self.pool.values()] + list(self._wake)
         close.append(self._selector)
+        close.extend(also_close)
         try:
             worker = workers.fork(self._worker_main, close)
         except OSError:
@@ -222,7 +285,9 @@ class WorkerServer:
         if worker.busy:
             worker.busy = False
             context, worker.job = worker.job, None
-            self.finished(worker, context)
+            client = self.client_of(context)
+            if client is not None:
+                _count(self.active, client, -1)
         if packet is None:                  # the worker is gone
             self._drop(worker)
         elif worker.uses >= self.max_use:
@@ -269,6 +334,14 @@ class WorkerServer:
             finally:
                 conn.close()
                 self.let_go()
+
+
+def _count(counts, key, step):
+    left = counts.get(key, 0) + step
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 def _drain(fd):

@@ -13,6 +13,7 @@ import signal
 import smtplib
 import socket
 import subprocess
+import sys
 
 import psutil
 import pytest
@@ -21,7 +22,8 @@ from inotify_simple import INotify, flags
 from conftest import AS_ROOT
 from qmailpy import spawn
 from lspawn_harness import maildir_files
-from qmqpd_harness import QmqpServer, ask, connect, request
+from qmailpy.queue.server import R_TOO_MANY
+from qmqpd_harness import QmqpServer, ask, connect, netstring, request
 from queue_view import queued
 from test_smtpd_support import TIMEOUT, ListenerProcess
 
@@ -393,3 +395,90 @@ def test_a_worker_that_cannot_be_forked_gets_qmail_spawns_reply(users):
     proc.stdout.close()
     assert out[:1] == bytes((spawn.SLOTS,))
     assert spawn.ReplyReader().feed(out[1:]) == [(0, b"Z", b"qmail-spawn unable to fork. (#4.3.0)\n")]
+
+
+def test_a_program_that_lowers_its_workers_limits_does_not_reach_the_next_delivery(users):
+    """A worker runs as the account, so the account's program may prlimit it; the worker
+    then ends after that delivery and the next one gets a fresh worker."""
+    home = users.add("ida")
+    users.dotqmail(home, "", "./Maildir/\n|prlimit --pid $PPID --nofile=5:5\n")
+    lspawn = Lspawn(users)
+    assert lspawn.deliver(b"ida@test.example") == (b"K", b"did 1+0+1\n")
+    users.dotqmail(home, "", PROGRAM)
+    first = program_report(lspawn.deliver(b"ida@test.example"))
+    second = program_report(lspawn.deliver(b"ida@test.example"))
+    lspawn.close()
+    assert first[0] == second[0]            # a new worker, which then serves on
+    assert len(maildir_files(os.path.join(home, "Maildir"))) == 3
+
+
+HOLD = r"""
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(b"100:")                  # a request begun and never finished
+print("held", flush=True)
+sys.stdin.readline()
+"""
+CROWD = r"""
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sys.argv[1])
+    s.setblocking(False)
+    socks.append(s)
+last = socks[-1]
+last.setblocking(True)
+last.settimeout(30)
+print(last.recv(1000).decode(), flush=True)
+"""
+
+
+def as_uid(uid, script, *args, **popen):
+    return subprocess.Popen([sys.executable, "-c", script] + [str(a) for a in args], user=uid,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, **popen)
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="needs a second local uid")
+def test_one_local_uid_cannot_take_every_queueing_worker(qmail_home):
+    """-c 2 -s 1: while a user holds one request open, its next request waits in line and
+    another uid is still served; when the first ends, the waiting one is queued."""
+    other = 61017
+    with QmqpServer(qmail_home, "-c", "2", "-s", "1", "-t", "60") as server:
+        holder = as_uid(other, HOLD, server.socket)
+        try:
+            assert holder.stdout.readline() == b"held\n"
+            waiting = as_uid(other, "from qmailpy.queue.client import ServerSubmission\n"
+                             "import sys\nq = ServerSubmission(sys.argv[1])\nq.write(b'Subject: w\\n\\nx\\n')\n"
+                             "print(q.finish(b'a@example.org', [b'w@example.net']).code, flush=True)\n",
+                             qmail_home.path, env=dict(qmail_home.env))
+            assert qp(ask(server.socket, GOOD))     # root's request still has a worker
+            assert waiting.poll() is None           # the same user's second one waits ...
+            holder.stdin.write(b"go\n")
+            holder.stdin.flush()
+            assert waiting.stdout.readline() == b"0\n"     # ... and is queued after the first
+            assert waiting.wait(timeout=TIMEOUT) == 0
+        finally:
+            holder.stdin.close()
+            holder.wait(timeout=TIMEOUT)
+    assert sorted(m.recipients[0] for m in queued(qmail_home)) == [b"b@example.net", b"w@example.net"]
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="needs a second local uid")
+def test_a_crowd_from_one_uid_beyond_its_line_is_told_too_many(qmail_home):
+    from qmailpy.queue.server import WAIT_PER_CLIENT
+    other = 61018
+    with QmqpServer(qmail_home, "-c", "2", "-s", "1", "-t", "60") as server:
+        holder = as_uid(other, HOLD, server.socket)
+        try:
+            assert holder.stdout.readline() == b"held\n"
+            crowd = as_uid(other, CROWD, server.socket, WAIT_PER_CLIENT + 1)
+            out, _ = crowd.communicate(timeout=TIMEOUT)
+            assert out == netstring(R_TOO_MANY) + b"\n"
+            assert qp(ask(server.socket, GOOD))
+        finally:
+            holder.stdin.close()
+            holder.wait(timeout=TIMEOUT)
+        assert server.alive()
+    assert len(queued(qmail_home)) == 1

@@ -1,5 +1,5 @@
-"""qmail-qmqpd [-c limit] [-t timeout] [-n uses] [-i seconds] [--tcp HOST:PORT]: the queue
-server (qmail-qmqpd(8)).
+"""qmail-qmqpd [-c limit] [-s perclient] [-t timeout] [-n uses] [-i seconds] [--tcp HOST:PORT]:
+the queue server (qmail-qmqpd(8)).
 
 Listens on QMAILHOME/run/qmqp.sock (or on the sockets systemd passes), and with
 --tcp also on HOST:PORT for the clients control/qmqpclients allows. Started as
@@ -26,13 +26,15 @@ def _parse(argv):
                         help="connections handled at once (default 40)")
     parser.add_argument("-t", dest="timeout", type=float, default=None, metavar="SECONDS",
                         help="time a connection may take (default 1200)")
+    parser.add_argument("-s", dest="per_client", type=int, default=None, metavar="PERCLIENT",
+                        help="requests one uid or TCP address may have at once (default: half of -c)")
     parser.add_argument("-n", dest="max_use", type=int, default=None, metavar="USES",
                         help="requests one queueing worker serves (default 100)")
     parser.add_argument("-i", dest="max_idle", type=float, default=None, metavar="SECONDS",
                         help="idle time after which a worker exits (default 100)")
     parser.add_argument("--tcp", metavar="HOST:PORT", help="also answer QMQP on TCP")
     args = parser.parse_args(argv)
-    for name, option in (("limit", "-c"), ("max_use", "-n")):
+    for name, option in (("limit", "-c"), ("max_use", "-n"), ("per_client", "-s")):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error("%s needs a positive number" % option)
     if args.max_idle is not None and args.max_idle <= 0:
@@ -45,6 +47,17 @@ def _parse(argv):
             parser.error("--tcp needs HOST:PORT")
         args.tcp = (host.strip("[]"), int(port))
     return args
+
+
+def _more_descriptors(wanted=4096):
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY
+                                                        else min(wanted, hard), hard))
+        except (ValueError, OSError):
+            pass
 
 
 def main(argv=None):
@@ -118,9 +131,13 @@ def main(argv=None):
             where.append("%s:%d" % tcp.getsockname()[:2])
         _say("listening on %s" % " and ".join(where))
 
+    _more_descriptors()                # requests waiting in line each hold one
     kwargs = {k: v for k, v in (("limit", args.limit), ("timeout", args.timeout),
-                                ("max_use", args.max_use), ("max_idle", args.max_idle))
+                                ("max_use", args.max_use), ("max_idle", args.max_idle),
+                                ("per_client", args.per_client))
               if v is not None}
+    # qmail-smtpd's sessions (qmaild) and qmail-send's bounces (qmails) all queue here
+    kwargs["unlimited"] = set(privs.role_uids(home, ("qmaild", "qmails"), roles).values())
     try:
         return server.Server(home, local, tcp, tcp_uid, rules, warn=warn, **kwargs).serve(ready)
     finally:

@@ -98,6 +98,7 @@ def _worker_main(channel, key, home, aliasempty, base_environ):
             return _refuse_all(channel, QLX_USAGE)      # qmail: prot_gid/prot_uid failure
         if os.getuid() == 0:
             return _refuse_all(channel, QLX_ROOT)
+    limits = _limits()
     while True:
         job = workers.next_job(channel, 2)
         if job is None:
@@ -108,6 +109,20 @@ def _worker_main(channel, key, home, aliasempty, base_environ):
             workers.send(channel, b"%d" % code)
         except OSError:
             return 0
+        if _limits() != limits:
+            # a program of this account's (prlimit --pid $PPID) lowered them: that must not
+            # reach its next delivery, so this worker ends and a new one takes over
+            return 0
+
+
+_LIMITS = ("RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_AS", "RLIMIT_DATA",
+           "RLIMIT_STACK", "RLIMIT_CPU", "RLIMIT_CORE")
+
+
+def _limits():
+    import resource
+    return tuple(resource.getrlimit(getattr(resource, name)) for name in _LIMITS
+                 if hasattr(resource, name))
 
 
 def _refuse_all(channel, code):

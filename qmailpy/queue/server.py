@@ -210,33 +210,61 @@ def handle(home, conn, uid, timeout):
     return 0 if code == 0 else 1
 
 
+R_TOO_MANY = b"Ztoo many connections from your uid or address (#4.3.2)"
+WAIT_PER_CLIENT = 256         # requests of one client waiting for its share of workers
+WAIT_LIMIT = 1024             # requests waiting in all
+
+
 class Server(WorkerServer):
-    """qmail-qmqpd's accept loop (qmailpy.workerserver): requests handed to queueing workers."""
+    """qmail-qmqpd's accept loop (qmailpy.workerserver): requests handed to queueing workers.
+
+    One client (a local uid, a TCP address) may have at most per_client requests in
+    workers at once (default: half of them, rounded up), so that one local user
+    holding connections open cannot take every worker; the uids in `unlimited`
+    (qmaild, whose SMTP sessions all queue here, and qmails) are not counted. A
+    request beyond that waits in line for one of that client's to end (a burst of
+    submissions from one cron job still goes through), and one beyond WAIT_PER_CLIENT
+    waiting, or WAIT_LIMIT waiting in all, gets R_TOO_MANY."""
 
     def __init__(self, home, local=None, tcp=None, tcp_uid=None, rules=None,
                  limit=DEFAULT_LIMIT, timeout=DEFAULT_TIMEOUT, warn=None,
-                 max_use=DEFAULT_MAX_USE, max_idle=DEFAULT_MAX_IDLE):
-        super().__init__([s for s in (local, tcp) if s is not None], limit, max_use, max_idle)
+                 max_use=DEFAULT_MAX_USE, max_idle=DEFAULT_MAX_IDLE, per_client=None,
+                 unlimited=()):
+        super().__init__([s for s in (local, tcp) if s is not None], limit, max_use, max_idle,
+                         per_client, WAIT_PER_CLIENT, WAIT_LIMIT)
         self.home = home
         self.local, self.tcp, self.tcp_uid = local, tcp, tcp_uid
         self.rules, self.warn = rules, warn
         self.timeout = timeout
+        self.unlimited = frozenset(unlimited)
 
     def admit(self, sock, conn, remote):
-        """The uid to queue for: qmaild's for an allowed TCP client, else the peer's."""
+        """(client, uid to queue for): qmaild's uid for an allowed TCP client, else the peer's."""
         if sock is self.tcp:
-            return self.tcp_uid if self._allowed(remote[0]) else REFUSED
+            if not self._allowed(remote[0]):
+                return REFUSED
+            return remote[0], self.tcp_uid
         try:
-            return peer_uid(conn)
+            uid = peer_uid(conn)
         except OSError:
             return REFUSED
+        return uid, uid
+
+    def client_of(self, context):
+        return None if context[0] in self.unlimited else context[0]
+
+    def too_many(self, conn, context):
+        try:        # a fresh socket's buffer takes it; never wait for this client
+            conn.send(netstring(R_TOO_MANY), socket.MSG_DONTWAIT)
+        except OSError:
+            pass
 
     def worker_started(self):
         from qmailpy.queue.qmailqueue import setup_resident
         setup_resident()
 
-    def child(self, sock_index, conn, uid):
-        return handle(self.home, conn, uid, self.timeout)
+    def child(self, sock_index, conn, context):
+        return handle(self.home, conn, context[1], self.timeout)
 
     def _allowed(self, ip):
         if self.rules is None:

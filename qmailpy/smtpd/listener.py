@@ -29,11 +29,6 @@ from qmailpy.smtpd.tcpenv import unmapped
 PER_SOURCE_REPLY = b"421 too many connections from your address (#4.3.2)\r\n"
 
 
-def default_per_source(limit):
-    """Half the sessions (rounded up), as Postfix's per-client default is half its process limit."""
-    return (limit + 1) // 2
-
-
 class Listener(WorkerServer):
     def __init__(self, host, port, handler, limit=40, local_host=None, environ=None,
                  rules=None, warn=None, per_source=None, setup=None,
@@ -45,12 +40,10 @@ class Listener(WorkerServer):
 
         rules: a Rules object consulted for each connection; warn(text) is told when
         a changed rules file cannot be used (the previous rules stay in force).
-        per_source: the most sessions one client address may have at once
-        (default_per_source(limit) when None).
+        per_source: the most sessions one client address may have at once (half of
+        limit, rounded up, when None); one beyond is answered PER_SOURCE_REPLY at once.
         """
         self.handler = handler
-        self.per_source = default_per_source(limit) if per_source is None else per_source
-        self.active = {}            # client address -> sessions running
         self.setup = setup
         self.rules = rules
         self.warn = warn
@@ -62,7 +55,7 @@ class Listener(WorkerServer):
         self.sock.bind((host, port))
         self.sock.listen(128)
         self.address = self.sock.getsockname()[:2]
-        super().__init__([self.sock], limit, max_use, max_idle)
+        super().__init__([self.sock], limit, max_use, max_idle, per_client=per_source)
 
     def admit(self, sock, conn, remote):
         """The client's rule variables, or REFUSED (checked before a worker is involved: a
@@ -72,15 +65,16 @@ class Listener(WorkerServer):
         allow, variables = self._rule_for(ip)
         if not allow:
             return REFUSED
-        if self.active.get(ip, 0) >= self.per_source:
-            self.settle()                   # sessions that ended while we were busy
-        if self.active.get(ip, 0) >= self.per_source:
-            try:        # a fresh socket's buffer takes it; never wait for this client
-                conn.send(PER_SOURCE_REPLY, socket.MSG_DONTWAIT)
-            except OSError:
-                pass
-            return REFUSED
         return ip, variables
+
+    def client_of(self, context):
+        return context[0]
+
+    def too_many(self, conn, context):
+        try:        # a fresh socket's buffer takes it; never wait for this client
+            conn.send(PER_SOURCE_REPLY, socket.MSG_DONTWAIT)
+        except OSError:
+            pass
 
     def worker_started(self):
         _release_connection()       # the listener's own fds 0 and 1 are not a session's
@@ -92,18 +86,6 @@ class Listener(WorkerServer):
 
     def let_go(self):
         _release_connection()
-
-    def dispatched(self, worker, context):
-        ip = context[0]
-        self.active[ip] = self.active.get(ip, 0) + 1
-
-    def finished(self, worker, context):
-        ip = context[0]
-        left = self.active[ip] - 1
-        if left:
-            self.active[ip] = left
-        else:
-            del self.active[ip]
 
     def _rule_for(self, ip):
         """(allow, variables) for a client; checked in the listener so a denied one costs no worker."""
