@@ -260,9 +260,14 @@ class LogRecovery:
                 self.to_clean = cleaning[i:] + self.to_clean
                 raise
         self._clean_replayed()
+        # Every cursor reads afresh: a buffer read before the flags were written shows the
+        # records superseded since as live, and self.garbage no longer names them (a
+        # paused SIGALRM sweep offered a finished message again, tests/test_logqueue_sweep.py).
         for r in self.runners:
             r.cursor.invalidate()
         self.new_cursor.invalidate()
+        if self.flusher is not None:
+            self.flusher[0].invalidate()
         self._delete_garbage_segments(replay)
         try:
             for seg in flagged:
