@@ -71,8 +71,9 @@ def create_mess(queue_dir, pid, start):
     return fd, n, messdir, messfn
 
 
-def fill_mess(fd, messdir, first, read, not_before=None):
-    """S1 -> S2, second half: first, then read() until b"", into fd; fsync it and messdir.
+def fill_mess(fd, messdir, first, read, not_before=None, sync_dir=fsync_dir):
+    """S1 -> S2, second half: first, then read() until b"", into fd; fsync it and messdir
+    (with sync_dir(messdir): a queueing worker's shares the fsync, qmailpy.groupsync).
 
     not_before (epoch seconds), when given, becomes the file's mtime, synced with it: the
     message's not-before time (docs/queue-format.md "Not-before time").
@@ -98,6 +99,6 @@ def fill_mess(fd, messdir, first, read, not_before=None):
         if not_before is not None:        # mtime only: the 36-hour cleanup reads the atime
             os.utime(fd, ns=(os.fstat(fd).st_atime_ns, not_before * 1000000000))
         os.fsync(fd)
-        fsync_dir(messdir)            # mess/S/n must be on disk before todo/n (or ENVELOPE) can be
+        sync_dir(messdir)             # mess/S/n must be on disk before todo/n (or ENVELOPE) can be
     except OSError:
         raise Failure(53) from None

@@ -37,12 +37,15 @@ except ImportError:               # pragma: no cover - other interpreters
 
 from qmailpy.envelope import MAX_ADDRESS, date822
 from qmailpy.fileio import write_all
+from qmailpy.layout import SPLIT
 from qmailpy.fileio import fsync_dir as _sync_dir   # see there: exit 0 must survive a power cut
 # S1 -> S2 (pid/ file, mess/S/n, Received line + body, fsyncs) is shared with the log
 # backend's enqueue; its Failure is this program's exit, whichever step raises it.
 from qmailpy.mess import CHUNK as _CHUNK, Failure as _Exit, create_mess, fill_mess, not_before_of
 
 DEATH = 86400                     # qmail-queue's self-timer (seconds)
+TODO_SLOT = 0                     # qmailpy.groupsync slots: todo/, then mess/0 .. mess/SPLIT-1
+SYNC_SLOTS = 1 + SPLIT
 
 # Signals qmail-queue ignores; SIGALRM ends it with 52 (no cleanup).
 _IGNORED = ("SIGPIPE", "SIGINT", "SIGQUIT", "SIGHUP", "SIGVTALRM", "SIGPROF", "SIGXCPU", "SIGXFSZ")
@@ -134,7 +137,7 @@ def run(home, msg_fd=0, env_fd=1):
 
 
 def run_from(home, read_message, read_envelope, uid=None, tidy=False, not_before=None,
-             resident=False):
+             resident=False, syncs=None):
     """run() with the message and the envelope from two read functions.
 
     Each returns the next bytes (b"" at the end) or raises OSError. uid is the
@@ -144,9 +147,10 @@ def run_from(home, read_message, read_envelope, uid=None, tidy=False, not_before
     itself leaves S2/S3 files to the 36-hour cleanups on some failures).
     not_before (epoch seconds) becomes the mess file's mtime. resident: the caller
     lives on after this message (setup_resident() was called once), so this
-    process's signal handling is left as it is.
+    process's signal handling is left as it is. syncs: a qmailpy.groupsync.DirSyncs
+    shared with the other queueing workers, for the directory fsyncs.
     """
-    queue = _Queue(home, read_message, read_envelope, uid, not_before, resident)
+    queue = _Queue(home, read_message, read_envelope, uid, not_before, resident, syncs)
     try:
         return queue.run()
     except _Exit as e:
@@ -164,9 +168,10 @@ def run_from(home, read_message, read_envelope, uid=None, tidy=False, not_before
 
 class _Queue:
     def __init__(self, home, read_message, read_envelope, uid=None, not_before=None,
-                 resident=False):
+                 resident=False, syncs=None):
         self.home, self.read_message, self.read_envelope = home, read_message, read_envelope
         self.uid, self.not_before, self.resident = uid, not_before, resident
+        self.syncs = syncs
         self.mess_fd = self.intd_fd = None
         self.messfn = self.intdfn = None
         self.queue_fd = None
@@ -231,7 +236,8 @@ class _Queue:
         intdfn, todofn = "intd/%d" % n, "todo/%d" % n
         # The message: Received line, then fd 0 verbatim.
         try:
-            fill_mess(self.mess_fd, messdir, received, self.read_message, self.not_before)
+            fill_mess(self.mess_fd, messdir, received, self.read_message, self.not_before,
+                      self.sync_dir(1 + n % SPLIT))
         except _Exit:
             self.cleanup()
             raise
@@ -257,7 +263,7 @@ class _Queue:
         except OSError:
             self.die(66)
         try:
-            _sync_dir("todo")
+            self.sync_dir(TODO_SLOT)("todo")
         except OSError:
             # Not durable: take it back rather than promise what a power cut could undo.
             try:
@@ -268,6 +274,12 @@ class _Queue:
         from qmailpy.trigger import pull
         pull(".")
         return 0
+
+    def sync_dir(self, slot):
+        """fsync of a directory: shared through self.syncs in a queueing worker."""
+        if self.syncs is None:
+            return _sync_dir
+        return lambda path: self.syncs.sync(slot, path)
 
     def hold_queue(self):
         """A shared flock on the queue directory until we return: `qmailctl convert` takes it

@@ -178,7 +178,7 @@ def peer_uid(conn):
     return struct.unpack("3i", creds)[1]
 
 
-def handle(home, conn, uid, timeout):
+def handle(home, conn, uid, timeout, syncs=None):
     """Read, queue and answer one request in a worker; the exit status."""
     from qmailpy.home import ControlError, control_int
     from qmailpy.queue.qmailqueue import run_from
@@ -195,7 +195,7 @@ def handle(home, conn, uid, timeout):
             pass
         else:
             code = run_from(home, request.read_message, request.read_envelope, uid, tidy=True,
-                            resident=True)
+                            resident=True, syncs=syncs)
     if request.failure is not None:
         answer = request.failure
     elif code == 0:
@@ -237,6 +237,12 @@ class Server(WorkerServer):
         self.rules, self.warn = rules, warn
         self.timeout = timeout
         self.unlimited = frozenset(unlimited)
+        from qmailpy.groupsync import DirSyncs
+        from qmailpy.queue.qmailqueue import SYNC_SLOTS
+        try:
+            self.syncs = DirSyncs(SYNC_SLOTS)   # opened here: every worker shares it
+        except OSError:
+            self.syncs = None                   # each worker then syncs alone
 
     def admit(self, sock, conn, remote):
         """(client, uid to queue for): qmaild's uid for an allowed TCP client, else the peer's."""
@@ -264,7 +270,7 @@ class Server(WorkerServer):
         setup_resident()
 
     def child(self, sock_index, conn, context):
-        return handle(self.home, conn, context[1], self.timeout)
+        return handle(self.home, conn, context[1], self.timeout, self.syncs)
 
     def _allowed(self, ip):
         if self.rules is None:
