@@ -17,8 +17,9 @@ from qmailpy.layout import CHANNELS, is_number
 
 class DirCommands:
     """Mixin of DirQueue: needs self.held (n -> birth), self.parked (n -> [Scheduled]),
-    self.schedule, _path, _rel, _exists, _unlink_quietly,
-    _sync_dir_of, _utime, _warn, channels_left and complete."""
+    self.unsynced (channel files unlinked, their directories not yet synced),
+    self.deleting (messages whose removal commit() finishes), self.schedule, _path, _rel,
+    _exists, _unlink_quietly, _sync_dir_of, _utime, _warn, channels_left and complete."""
 
     def load_holds(self):
         """Read hold/ at startup; remove markers of messages that are gone."""
@@ -123,8 +124,10 @@ class DirCommands:
             self.schedule.add(Scheduled(n, c, now))
 
     def delete(self, n):
-        """Channel files first (synced: nothing is delivered after), then the bounce
-        notes, the hold marker and, by complete(), info and the body. A crash between
+        """Channel files first: unlinked now (with its schedule entries gone, nothing is
+        delivered of it after this), their directories synced by commit(), which only
+        then removes the bounce notes, the hold marker and, by complete(), info and the
+        body. One sync per directory for a batch, not per message. A crash between
         leaves a message with no channel: its next start completes it, bouncing any
         failures recorded before the delete."""
         self.schedule.take(n)
@@ -132,7 +135,19 @@ class DirCommands:
         for c in CHANNELS:
             rel = self._rel(c, n)
             if self._unlink_quietly(rel):
+                self.unsynced.add(rel)
+        self.deleting.append(n)
+
+    def commit(self):
+        synced = set()
+        for rel in self.unsynced:
+            if os.path.dirname(rel) not in synced:
                 self._sync_dir_of(rel)
-        self._unlink_quietly(self._rel("bounce", n))
-        self._drop_hold(n)
-        self.complete(n)
+                synced.add(os.path.dirname(rel))
+        self.unsynced.clear()
+        while self.deleting:
+            n = self.deleting[0]
+            self._unlink_quietly(self._rel("bounce", n))
+            self._drop_hold(n)
+            self.complete(n)
+            self.deleting.pop(0)

@@ -62,6 +62,7 @@ class DirQueue(DirPreprocessing, DirCommands, QueueBackend):
         self._log = log
         self.schedule = DirSchedule()
         self.held, self.parked = {}, {}     # hold/ markers (dircommands.py)
+        self.unsynced, self.deleting = set(), []    # a batch of deletes until commit()
         if cleaner is not None and hasattr(cleaner, "send_async"):
             cleaner.on_late_reply = self._late_clean_reply
 

@@ -5,8 +5,9 @@ qmail-send looks at the directory when the trigger is pulled and at startup. A
 command is carried out in steps between qmail-send's other work, so a command naming
 a great many messages never stops deliveries for long, nor grows qmail-send: its
 numbers are an array, the backend locates them (the log backend by walking the log,
-WALK_STEP records a turn), then ACT_BATCH of them are acted on a turn, the batch is
-committed (one fsync) and its answers are appended to the reply being written.
+WALK_STEP records a turn), then a batch of them is acted on a turn (sized to take about
+TURN seconds, at most ACT_BATCH messages), the batch is committed (one fsync) and its
+answers are appended to the reply being written.
 
 A message none of whose deliveries is in flight is acted on at once. Otherwise
 qmail-send starts no more deliveries of it, waits for those in flight to finish, and
@@ -26,7 +27,8 @@ from qmailpy.backends.base import QueueError
 from qmailpy.send.clean import CleanerLost
 
 COMMAND_BATCH = 64          # command files read per loop iteration
-ACT_BATCH = 200             # messages acted on per loop iteration, then one commit
+ACT_BATCH = 200             # messages acted on per loop iteration at most, then one commit
+TURN = 0.1                  # seconds a batch should take: the next batch is sized to it
 TODO_TRIES = 3              # todo scans to wait for before a queued message is answered
 STALE_REPLY = 86400         # seconds; an older unread answer is removed at startup
 
@@ -56,6 +58,7 @@ class CommandDesk:
         self.waiting = {}                        # n -> [Open] until n's deliveries end
         self.quiesce = set()                     # numbers whose passes start no delivery
         self.todo_wait = []                      # Opens whose messages were still in todo
+        self.batch = 10                          # messages in the next batch (<= ACT_BATCH)
 
     def wakeup(self, now):
         busy = self.rescan or self.ops or (self.todo_wait and self.send.todo is None)
@@ -178,11 +181,14 @@ class CommandDesk:
         if not op.locator.step():
             return
         numbers = op.command.numbers
-        batch = numbers[op.next:op.next + ACT_BATCH]
+        batch = numbers[op.next:op.next + self.batch]
         op.next += len(batch)
         if op.next >= len(numbers):
             self.ops.pop(0)
+        started = time.monotonic()
         self._start(op, batch)
+        spent = max(time.monotonic() - started, 0.001)
+        self.batch = max(1, min(ACT_BATCH, int(len(batch) * TURN / spent)))
 
     def _start(self, op, numbers):
         """Act on the numbers of op that are idle; the others wait for their deliveries."""
@@ -236,9 +242,14 @@ class CommandDesk:
             return
         try:
             self.send.backend.commit()
-        except QueueError as e:
-            self.send.warn(str(e))
-            answers[:] = [(n, command.LATER, "queue error: %s" % e, ()) if lines else (n, r, t, lines)
+        except (QueueError, CleanerLost) as e:
+            if isinstance(e, CleanerLost):
+                self.send.cleandied()
+                why = "qmail-clean lost"
+            else:
+                self.send.warn(str(e))
+                why = "queue error: %s" % e
+            answers[:] = [(n, command.LATER, why, ()) if lines else (n, r, t, lines)
                           for n, r, t, lines in answers]
             return
         for _, _, _, lines in answers:
