@@ -262,10 +262,25 @@ def not_ascii(address):
     return max(address, default=0) >= 0x80
 
 
+_NO_SMTPUTF8 = (b" does not support SMTPUTF8 and an address is not ASCII: "
+                b"553 5.6.7 non-ASCII addresses are not permitted for that recipient. (#5.6.7)\n")
+
+
 def no_smtputf8(partner):
     """Why an address that is not ASCII cannot go to a peer without SMTPUTF8 (RFC 6531 §3.4)."""
-    return (b"Sorry, " + partner + b" does not support SMTPUTF8 and an address is not ASCII: "
-            b"553 5.6.7 non-ASCII addresses are not permitted for that recipient. (#5.6.7)\n")
+    return b"Sorry, " + partner + _NO_SMTPUTF8
+
+
+def alone(record, verdict, giving_up_verdict):
+    """The records a run for one recipient of a shared transaction would have given alone
+    (qmail-rspawn's workers, qmailpy.remote.workerpool): its r/h/s record and the
+    transaction's verdict; a recipient the peer refused, its record and "Giving up";
+    a UTF-8 recipient refused for want of SMTPUTF8, that reason as the verdict alone."""
+    if record[:1] == b"h" and record.endswith(_NO_SMTPUTF8):
+        return [b"D" + record[1:]]
+    if record[:1] in (b"h", b"s") and giving_up_verdict is not None:
+        return [record, giving_up_verdict]
+    return [record, verdict]
 
 
 def dialogue(conn, partner, helohost, sender, recipients, messfd, records, policy=None,

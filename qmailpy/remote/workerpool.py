@@ -6,8 +6,7 @@ together for the same message, sender and recipient domain (qmail-send sends a
 message's due recipients in one burst) become one job: one qmail-remote run with
 up to RCPT_LIMIT recipients, one MAIL, one RCPT per recipient and one DATA, as
 Postfix's smtp client does. Each recipient still gets its own reply, the one a
-qmail-remote run for it alone would have given, byte for byte: its r record and
-the transaction's verdict, or, refused, its h/s record and "Giving up on ...".
+qmail-remote run for it alone would have given, byte for byte (smtp.alone).
 
 Jobs go to delivery workers keyed by the recipient domain: processes forked from
 qmail-rspawn once, running as qmailr like it, that run qmail-remote's code
@@ -22,6 +21,7 @@ import signal
 
 from qmailpy import workers
 from qmailpy.remote.deliver import output, records_of
+from qmailpy.remote.smtp import alone
 
 MAX_USE = 1000
 MAX_IDLE = 60
@@ -78,12 +78,9 @@ class RemoteWorkers(workers.Pool):
             return [(slot, signal.SIGKILL, b"") for slot in slots]
         records, giving_up = marshal.loads(payload)
         verdict, per_recipient = records[-1], records[:-1]
-        done = []
-        for i, slot in enumerate(slots):
-            mine = per_recipient[i:i + 1]
-            refused = mine and mine[0][:1] in (b"h", b"s") and giving_up is not None
-            done.append((slot, 0, output(mine + [giving_up if refused else verdict])))
-        return done
+        return [(slot, 0, output(alone(per_recipient[i], verdict, giving_up)
+                                 if i < len(per_recipient) else [verdict]))
+                for i, slot in enumerate(slots)]
 
 
 # -- in a worker -----------------------------------------------------------------
