@@ -27,6 +27,21 @@ def ctl(home, *args, **kw):
                     + list(args[1:]), **kw)
 
 
+def view(home, *args):
+    """qmailctl queue list | size | shape (they take no --timeout)."""
+    done = home.run(["qmailctl", "queue", args[0], "--home", home.path] + list(args[1:]))
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def listed(home, *args):
+    """The numbers `queue list ARGS` shows, or with --json its records."""
+    out = view(home, "list", *args).stdout
+    if "--json" in args:
+        return [json.loads(line) for line in out.splitlines()]
+    return [int(n) for n in re.findall(rb"  #(\d+)  ", out)]
+
+
 def msg_number(daemons, recipient, count=1):
     lines = daemons.wait_line(r"^starting delivery \d+: msg \d+ to \w+ %s$" % re.escape(recipient), count)
     return int(re.search(r"msg (\d+) to \w+ %s$" % re.escape(recipient),
@@ -69,6 +84,14 @@ def test_hold_survives_restart_and_requeue_releases(qmail_home, peer):
         assert "hold msg %d" % held in daemons.lines()
         again = ctl(qmail_home, "hold", str(held))
         assert again.returncode == 1 and b"%d: already held" % held in again.stderr
+        # what list, size and the filters show of it: HELD, and still preprocessed with a remote recipient
+        for state, expected in (("held", [held]), ("preprocessed", [held, other]), ("remote", [held, other])):
+            assert sorted(listed(qmail_home, "--state", state)) == sorted(expected), state
+        record, = listed(qmail_home, "--json", str(held))
+        assert (record["state"], record["held"]) == ("HELD", True)
+        assert re.search(rb"#%d  \d+  <joe@test.example>  held\n" % held, view(qmail_home, "list").stdout)
+        sizes = json.loads(view(qmail_home, "size", "--json").stdout)
+        assert (sizes["held"], sizes["preprocessed"], sizes["remote"], sizes["total"]) == (1, 2, 2, 2)
         assert daemons.stop() == 0
         daemons.start()
         daemons.wait_started()

@@ -100,7 +100,7 @@ def record_states(record):
     found = set()
     if record.get("state") == states.S4:
         found.add("new")
-    elif record.get("state") == states.S5:
+    elif record.get("state") in (states.S5, states.HELD):      # held: S5 kept back
         found.add("preprocessed")
         for r in pending(record):
             if r["channel"] in ("local", "remote"):

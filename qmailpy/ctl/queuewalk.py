@@ -8,7 +8,8 @@ split in ascending number (qmail-qread's order), the other files of each number
 looked up by name. Log backend: LogQueue.stream_states(), in log order. With
 `numbers`, only those are looked up (directly on the directory backend). Each
 record also has "held": kept back by `qmailctl queue hold` (hold/N on the
-directory backend, the held bit of its snapshot on the log backend).
+directory backend, the held bit of its snapshot on the log backend); its state is
+then HELD, as in a snapshot.
 """
 import os
 import socket
@@ -97,8 +98,10 @@ def _log_record(host, queue, rec, done, notes, R):
         for i, (was_done, address) in enumerate(rcpts):
             recipients.append(snapshot.recipient(channel, text(address),
                                                  was_done or (channel, i) in done))
+    held = bool(rec.fields.get("held"))
     record = snapshot.message_record(host, rec.n, "log", {}, text(rec.sender), recipients,
                                      text(notes) if notes else None, bouncing=bool(notes),
-                                     state=states.S5, birth=rec.birth, size=rec.size)
-    record["held"] = bool(rec.fields.get("held"))
+                                     state=states.HELD if held else states.S5, birth=rec.birth,
+                                     size=rec.size)
+    record["held"] = held
     return record
