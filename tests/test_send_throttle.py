@@ -6,6 +6,7 @@ import os
 import re
 import time
 
+import psutil
 import pytest
 from inotify_simple import INotify, flags
 
@@ -210,3 +211,22 @@ def test_gate_forgets_idle_domains(qmail_home):
         gate.finished(d)
     assert len(gate.states) <= 2 * SWEEP_MIN
     assert gate.states["busy.example"].inflight == 1
+
+
+def test_a_throttled_wait_costs_qmail_send_no_cpu(qmail_home, smtpd, daemons):
+    """The scheduler sleeps until a hold lifts, it does not poll: while a delivery waits
+    about 4 s for control/ratelimits rate.example:1/4, qmail-send uses a small fraction of
+    a second of CPU (polling would spend the wait's seconds)."""
+    qmail_home.control("ratelimits", "rate.example:1/4\n")
+    daemons.start()
+    daemons.wait_started()
+    send = psutil.Process(daemons.proc.pid)
+    queue(qmail_home, [b"first@rate.example"])
+    daemons.wait_line(r"^delivery \d+: success: ")
+    cpu = sum(send.cpu_times()[:2])
+    t = time.monotonic()
+    queue(qmail_home, [b"second@rate.example"])
+    daemons.wait_line(r"^starting delivery \d+: msg \d+ to remote second@rate.example$")
+    waited, used = time.monotonic() - t, sum(send.cpu_times()[:2]) - cpu
+    assert waited > 2 and used < 0.5, (waited, used)
+    assert "throttling rate.example: control/ratelimits limit 1/4 reached" in daemons.lines()
