@@ -151,3 +151,36 @@ def test_a_delete_left_by_a_crash_is_carried_out_at_the_next_start(qmail_home):
     finally:
         daemons.kill()
         slow.go(wait=False)                             # the orphaned delivery may end
+
+
+def test_more_claimed_commands_than_a_scan_are_all_taken_up(qmail_home, peer):  # noqa: F811
+    """(directory backend) 70 commands a crash left claimed (NAME.work), more than the 64
+    files qmail-send reads in one turn, and a new one: each is carried out once and
+    answered."""
+    daemons = Daemons(qmail_home).start()
+    try:
+        daemons.wait_started()
+        n = deferred_message(qmail_home, daemons, peer, "bob")
+        assert daemons.stop() == 0
+        cdir = os.path.join(qmail_home.queue, "command")
+        names = ["%03d" % i for i in range(70)]
+        for name in names:
+            with open(os.path.join(cdir, name + ".work"), "wb") as f:
+                f.write(b"action hold\nmsg %d\nmsg %d\n" % (n, 10 ** 12 + int(name)))
+        with open(os.path.join(cdir, "999"), "wb") as f:
+            f.write(b"action hold\nmsg %d\n" % n)
+        daemons.start()
+        for name in names + ["999"]:
+            wait_gone(os.path.join(cdir, name + ".work"))
+        answers = {}
+        for name in names + ["999"]:
+            with open(os.path.join(cdir, name + ".reply"), "rb") as f:
+                answers[name] = f.read()
+        done = [name for name, a in answers.items() if a.startswith(b"%d done held\n" % n)]
+        assert len(done) == 1                              # one hold; the others found it held
+        for name in names:
+            assert answers[name].endswith(b"%d none not in queue\n" % (10 ** 12 + int(name)))
+        assert daemons.lines().count("hold msg %d" % n) == 1
+        assert sorted(os.listdir(cdir)) == sorted(name + ".reply" for name in names + ["999"])
+    finally:
+        daemons.kill()

@@ -53,7 +53,8 @@ class CommandDesk:
         self.send = send
         self.dir = command.COMMAND_DIR           # relative: qmail-send runs in queue/
         self.rescan = True                       # startup: also commands a crash left claimed
-        self.startup = True
+        self.startup = True                      # until the first scan has seen every name
+        self.resumed = set()                     # claimed commands read during the startup scans
         self.ops = []                            # Opens with numbers not yet started
         self.waiting = {}                        # n -> [Open] until n's deliveries end
         self.quiesce = set()                     # numbers whose passes start no delivery
@@ -88,7 +89,7 @@ class CommandDesk:
         for name in names:
             if taken >= COMMAND_BATCH:
                 self.rescan = True
-                break
+                return                           # (still startup: the next scan resumes the rest)
             if self.startup and (name.startswith(".") or name.endswith(command.REPLY)):
                 self._drop_stale(name)
                 continue
@@ -96,8 +97,9 @@ class CommandDesk:
                 continue
             if name.endswith(command.WORK):
                 base = name[:-len(command.WORK)]
-                if self.startup and "." not in base:
+                if self.startup and "." not in base and base not in self.resumed:
                     taken += 1
+                    self.resumed.add(base)
                     self._resume(base, names)
                 continue
             taken += 1
@@ -111,8 +113,11 @@ class CommandDesk:
             except OSError as e:
                 self.send.warn("unable to claim %s/%s: %s" % (self.dir, name, e.strerror))
                 continue
+            if self.startup:
+                self.resumed.add(name)           # claimed now: not one to take up again
             self._read(name)
         self.startup = False
+        self.resumed = set()
 
     def _drop_stale(self, name):
         """An answer nobody read for a day (its qmailctl was killed), or a file being
