@@ -148,7 +148,13 @@ class QueueBackend(ABC):
 
     @abstractmethod
     def mark_done(self, n, channel, record):
-        """Record that one recipient is finished (success or permanent failure)."""
+        """Record that one recipient is finished (success or permanent failure); durable
+        at the next sync_results() at the latest."""
+
+    def sync_results(self):
+        """Make the mark_done() calls made so far durable (QueueError if that fails).
+        qmail-send calls it once after each batch of delivery reports, before it acts on
+        them (completion, bounces), so that reports arriving together share one fsync."""
 
     @abstractmethod
     def add_bounce_note(self, n, note):

@@ -74,6 +74,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
         self.flusher = None           # (cursor, stop) of a run_all_now() sweep
         self.flush_again = False      # a SIGALRM came during that sweep: sweep once more
         self.to_clean = []            # finished messages whose mess/ file goes after the next fsync
+        self.results_unsynced = False  # DELIVERY records appended since the last sync_results()
         self.replayed_clean = []      # FINISHes replayed by recovery: cleaned once no qmail-queue runs
         self.state_counts = None      # messages per state up to new_cursor (logcounts.py)
 
@@ -203,12 +204,23 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
     def mark_done(self, n, channel, record):
         a = self._get(n)
         result = R.FAILURE if a.failed else R.SUCCESS
-        pos = self._append(R.encode_delivery(_now(), n, channel, record.offset, result), durable=True)
+        # durable at sync_results(), once per batch of reports (qmail-send's group commit)
+        pos = self._append(R.encode_delivery(_now(), n, channel, record.offset, result))
+        self.results_unsynced = True
         if a.delta_start is None:
             a.delta_start = pos
         a.channels[channel][1][record.offset][0] = True
         a.failed = False
         record.done = True
+
+    def sync_results(self):
+        if not self.results_unsynced:
+            return
+        try:
+            self.writer.sync_all()
+        except OSError as e:
+            raise QueueError("trouble syncing the log: %s" % e.strerror)
+        self.results_unsynced = False
 
     def add_bounce_note(self, n, note):
         # Durable before the DELIVERY that marks the recipient done: a disk that kept

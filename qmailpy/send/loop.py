@@ -237,6 +237,10 @@ class QmailSend:
                     self.cleandied()
             self.comm_do(writable)
             self.del_do(readable)
+            try:
+                self.backend.sync_results()     # the reports just recorded, in one fsync
+            except QueueError as e:
+                self.warn(str(e))
             pulled = self.trigger_fd is not None and self.trigger_fd in readable
             self.todo_do(pulled)
             if not self.exitasap:
@@ -529,6 +533,7 @@ class QmailSend:
     # -- completion ---------------------------------------------------------------
     def messdone(self, n):
         try:
+            self.backend.sync_results()     # no bounce and no FINISH before the reports are on disk
             if not self.backend.completion_due(n):
                 return
         except QueueError as e:
