@@ -481,12 +481,12 @@ def record(argv, workdir, env=None, cwd=None):
     return trace
 
 
-def start_recording(argv, workdir, env=None, cwd="/", stdout=None):
+def start_recording(argv, workdir, env=None, cwd="/", stdout=None, pass_fds=()):
     """Start argv under strace for a daemon the caller stops; (Popen of strace, trace path).
     strace runs in a session of its own, so its tracees are one process group."""
     trace = os.path.join(workdir, "trace")
     proc = subprocess.Popen(_strace(argv, trace), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                            stdout=stdout, stderr=stdout, start_new_session=True)
+                            stdout=stdout, stderr=stdout, start_new_session=True, pass_fds=pass_fds)
     return proc, trace
 
 

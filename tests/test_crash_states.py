@@ -14,11 +14,15 @@ an SMTP socket unit after qmail-send), with the log's commit word from a previou
 after a cut-off `qmailctl convert` the administrator runs it again; then qmail-send.
 
 Protocols: qmail-queue (both backends; on the log backend group commit and rotation),
-qmail-send's whole run (preprocessing, local deliveries with their marks, a bounce,
-qmail-clean's removals; on the log backend recovery, checkpoints and the deletion of a
-garbage segment) and `qmailctl convert` both ways. Long protocols are checked on an
-even spread of CAP of their distinct states unless CRASHSTATES_FULL=1; each test
-prints how many states it explored of how many distinct ones.
+qmail-qmqpd's queueing path (acknowledged where its client read K), qmail-send's whole
+run (preprocessing, local deliveries with their marks, a bounce, qmail-clean's removals;
+on the log backend recovery, checkpoints and the deletion of a garbage segment),
+qmail-remote's deliveries to a remote host recorded with it (tests/maildir_peer.py:
+the host keeps what it stored durably before its 250; its copy without qmail-send's
+record of it is "Possible duplicate!"'s window) and `qmailctl convert` both ways. Long
+protocols are checked on an even spread of CAP of their distinct states unless
+CRASHSTATES_FULL=1; each test prints how many states it explored of how many distinct
+ones.
 """
 import json
 import os
@@ -26,6 +30,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -50,6 +55,8 @@ CAP = int(os.environ.get("CRASHSTATES_CAP", "40"))
 RCPTS = ["a@test.example", "b@test.example"]
 SENDER = "joe@test.example"
 NOUSER = "nosuch@test.example"          # no such local user: its message bounces to SENDER
+REMOTE = "r@far.example"                # add_peer(): delivered by qmail-remote to a peer
+PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "maildir_peer.py")
 
 DRIVER = r'''
 import json, os, subprocess, sys
@@ -74,6 +81,37 @@ for batch in spec:                      # the runs of one batch run at the same 
 with open(manifest, "w") as f:
     json.dump(pids, f)
 '''
+# qmail-qmqpd recorded with its clients: the driver starts the server, then runs each
+# batch of requests at once, one forked client per request on the local socket; a client
+# exits 0 only once it has read a K answer (qmail-qmqpd's acknowledgement).
+QMQP_DRIVER = r'''
+import json, os, subprocess, sys
+from qmailpy.queue.qmqp import exchange, request
+home, manifest, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+env = dict(os.environ, QMAILHOME=home, PATH=os.path.join(home, "bin") + os.pathsep + os.environ["PATH"])
+server = subprocess.Popen(["qmail-qmqpd"], env=env, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+line = server.stderr.readline()
+assert b"listening on" in line, line + server.stderr.read()
+path = os.path.join(home, "run", "qmqp.sock")
+pids = {}
+for batch in spec:
+    clients = []
+    for tag, rcpts in batch:
+        pid = os.fork()
+        if pid == 0:
+            answer = exchange(path, request(%(message)s %% (tag.encode(), tag.encode()), %(sender)s,
+                                            [r.encode() for r in rcpts]), 60)
+            os._exit(0 if answer.startswith(b"K") else 1)
+        clients.append((pid, tag))
+    for pid, tag in clients:
+        assert os.waitpid(pid, 0)[1] == 0, tag
+        pids[pid] = tag
+server.terminate()
+assert server.wait() == 0
+with open(manifest, "w") as f:
+    json.dump(pids, f)
+'''
 MESSAGE = b"X-Crash-Id: %s\nSubject: crash\n\nmessage %s\n"
 AFTER = "after"                         # the message queued after the crash
 
@@ -90,7 +128,7 @@ class Explorer:
         self.base = base
         self.home = make_home(base, backend)
         self.backend = backend
-        users = LocalUsers(self.home)
+        self.users = users = LocalUsers(self.home)
         self.maildirs = {r: os.path.join(users.add(r.split("@")[0]), "Maildir") for r in RCPTS + [SENDER]}
         self.roots = {"queue": self.home.queue, "control": os.path.join(self.home.path, "control"),
                       "homes": users.base}
@@ -98,6 +136,43 @@ class Explorer:
         self.post = os.path.join(base, "post")
         self.spec = {}                  # tag -> the recipients that must get it at least once
         self.recovery = []              # commands an administrator runs before qmail-send
+        self.peer_sock = None           # add_peer(): the remote host's listening socket
+        self.peer_proc = None           # the remote host while states are checked
+
+    # -- the remote host -----------------------------------------------------------------
+    def add_peer(self):
+        """far.example's host (tests/maildir_peer.py), routed by control/smtproutes: its
+        Maildir is under the homes root, so a recording has its durable stores in order
+        with qmail-send's records, and each state keeps what the peer had stored by then
+        (the peer did not lose power; it made each message durable before its 250)."""
+        self.peer_sock = socket.socket()
+        self.peer_sock.bind(("127.0.0.1", 0))
+        self.peer_sock.listen(64)
+        self.home.control("smtproutes", "far.example:127.0.0.1:%d\n" % self.peer_sock.getsockname()[1])
+        self.maildirs[REMOTE] = self.users.maildir(
+            self.users.mkdir(os.path.join(self.users.base, "farpeer"), 0o755) + "/Maildir")
+
+    def peer_argv(self, pidfile, then=()):
+        argv = [sys.executable, PEER, str(self.peer_sock.fileno()), self.maildirs[REMOTE], pidfile]
+        return argv + (["--then"] + list(then) if then else [])
+
+    def start_peer(self):
+        """The remote host for the recovery of each state (not recorded)."""
+        if self.peer_sock is None or self.peer_proc is not None:
+            return
+        pidfile = os.path.join(self.base, "peer.pid")
+        if os.path.exists(pidfile):
+            os.unlink(pidfile)
+        self.peer_proc = subprocess.Popen(self.peer_argv(pidfile), pass_fds=[self.peer_sock.fileno()])
+        wait_file(pidfile)
+
+    def close(self):
+        if self.peer_proc is not None:
+            self.peer_proc.terminate()
+            self.peer_proc.wait(timeout=30)
+            self.peer_proc = None
+        if self.peer_sock is not None:
+            self.peer_sock.close()
 
     # -- before the recording: messages queued and acknowledged ------------------------
     def queue(self, tag, rcpts):
@@ -155,11 +230,12 @@ class Explorer:
         self.owner_of = cs.owners(self.post, self.pre)
         return rec
 
-    def record_queue_runs(self, batches):
-        """Record batches of concurrent qmail-queue runs: [[(tag, recipients), ...], ...]."""
+    def record_queue_runs(self, batches, driver_text=DRIVER):
+        """Record batches of concurrent qmail-queue runs: [[(tag, recipients), ...], ...]
+        (with QMQP_DRIVER, requests to qmail-qmqpd)."""
         driver = os.path.join(self.base, "driver.py")
         with open(driver, "w") as f:
-            f.write(DRIVER % {"message": repr(MESSAGE), "sender": repr(SENDER.encode())})
+            f.write(driver_text % {"message": repr(MESSAGE), "sender": repr(SENDER.encode())})
         manifest = os.path.join(self.base, "manifest")
         self._before_recording()
         trace = cs.record([sys.executable, driver, self.home.path, manifest, json.dumps(batches)],
@@ -175,19 +251,30 @@ class Explorer:
 
     def record_send_run(self):
         """Record qmail-start (qmail-send, qmail-lspawn, qmail-rspawn, qmail-clean, the
-        deliveries and the bounces they queue) until every queued message has ended."""
+        deliveries and the bounces they queue) until every queued message has ended;
+        with add_peer(), the remote host (started first, in the same recording)."""
         self._before_recording()
         d = Daemons(self.home)
         d.offset_of_start = 0
+        argv, pass_fds, peer_pid = ["qmail-start", "./Maildir/"], (), None
+        if self.peer_sock is not None:
+            peer_pid = os.path.join(self.base, "recorded-peer.pid")
+            argv, pass_fds = self.peer_argv(peer_pid, argv), (self.peer_sock.fileno(),)
         with open(d.logpath, "wb") as log:
-            d.proc, trace = cs.start_recording(["qmail-start", "./Maildir/"], self.base,
-                                               env=self.home.env, stdout=log)
+            d.proc, trace = cs.start_recording(argv, self.base, env=self.home.env, stdout=log,
+                                               pass_fds=pass_fds)
         bounces = sum(1 for rcpts in self.spec.values() if SENDER in rcpts)
         try:
+            if peer_pid:
+                wait_file(peer_pid)
             d.wait_for(lambda l: sum(1 for x in l if x.startswith("end msg ")) >= len(self.spec) + bounces
                        and settled(l), 120, "every message ended")
             (send,) = psutil.Process(d.proc.pid).children()
             send.send_signal(signal.SIGTERM)
+            if peer_pid:                 # strace ends once every process it follows has
+                send.wait(timeout=60)
+                with open(peer_pid) as f:
+                    os.kill(int(f.read()), signal.SIGTERM)
             assert d.proc.wait(timeout=60) == 0
         finally:
             if d.proc.poll() is None:
@@ -209,11 +296,12 @@ class Explorer:
         return rec
 
     # -- one crash state -------------------------------------------------------------
-    def explore(self, rec, cap=None, regressions=(), posix_appends=cs.POSIX_APPENDS, only=None):
+    def explore(self, rec, cap=None, regressions=(), posix_appends=cs.POSIX_APPENDS, only=None,
+                always=None):
         """Check every state (or `cap` of them, spread evenly over the protocol unless
         CRASHSTATES_FULL=1, plus every state in which an operation that a regression
-        names was lost), of those only(rec, state) accepts; returns (explored, distinct,
-        failures)."""
+        names was lost, and every state always(rec, state) accepts), of those
+        only(rec, state) accepts; returns (explored, distinct, failures)."""
         found = cs.states(rec, posix_appends=posix_appends)
         if only is not None:
             found = [st for st in found if only(rec, st[0])]
@@ -221,12 +309,17 @@ class Explorer:
         if cap and not FULL and len(found) > cap:
             spread = {round(i * (len(found) - 1) / (cap - 1)) for i in range(cap)}
             chosen = [st for i, st in enumerate(found)
-                      if i in spread or any(lost_op(rec, st[0], r) for r in regressions)]
+                      if i in spread or any(lost_op(rec, st[0], r) for r in regressions)
+                      or (always is not None and always(rec, st[0]))]
         failures = []
-        for state, tree in chosen:
-            problem = self.check(rec, state, tree)
-            if problem:
-                failures.append("%s\n    %s" % (state.describe(rec), problem))
+        self.duplicates = {}            # recipient: states after which it holds a message twice
+        try:
+            for state, tree in chosen:
+                problem = self.check(rec, state, tree)
+                if problem:
+                    failures.append("%s\n    %s" % (state.describe(rec), problem))
+        finally:
+            self.close()
         return len(chosen), len(found), failures
 
     def check(self, rec, state, tree):
@@ -247,6 +340,7 @@ class Explorer:
         if os.path.exists(log):
             os.unlink(log)
         orphans = orphan_files(self.home.queue)
+        self.start_peer()
         d = Daemons(self.home)
         try:
             d.start()
@@ -280,6 +374,9 @@ class Explorer:
             for tag, whole in got.items():
                 if not whole:
                     problems.append("%s got %s torn" % (r, tag))
+        for r, got in self.copies().items():
+            if any(n > 1 for n in got.values()):
+                self.duplicates[r] = self.duplicates.get(r, 0) + 1
         stuck = self.stranded(lines)
         if stuck:
             problems.append("left in the queue: %s" % stuck)
@@ -300,18 +397,35 @@ class Explorer:
                 if not x.startswith(("mess/", "intd/", "log/")) and re.sub(r"\D+", " ", x).split()[-1:] != []
                 and re.sub(r"\D+", " ", x).split()[-1] not in ended]
 
-    def delivered(self):
-        """{recipient: {tag: whole?}} from the Maildirs; a bounce counts for the tag of the
-        message it returns, whole when it ends with that message."""
+    def received(self):
+        """{recipient: [(tag, data), ...]} of every message in the Maildirs."""
         out = {}
         for r, md in self.maildirs.items():
-            got = out[r] = {}
+            got = out[r] = []
             for name in os.listdir(os.path.join(md, "new")):
                 with open(os.path.join(md, "new", name), "rb") as f:
                     data = f.read()
                 m = re.search(rb"^X-Crash-Id: (\S+)$", data, re.M)
-                tag = m.group(1).decode() if m else "?"
+                got.append((m.group(1).decode() if m else "?", data))
+        return out
+
+    def delivered(self):
+        """{recipient: {tag: whole?}} from the Maildirs; a bounce counts for the tag of the
+        message it returns, whole when it ends with that message."""
+        out = {}
+        for r, messages in self.received().items():
+            got = out[r] = {}
+            for tag, data in messages:
                 got[tag] = got.get(tag, True) and data.endswith(message(tag))
+        return out
+
+    def copies(self):
+        """{recipient: {tag: copies}} from the Maildirs."""
+        out = {}
+        for r, messages in self.received().items():
+            got = out[r] = {}
+            for tag, _ in messages:
+                got[tag] = got.get(tag, 0) + 1
         return out
 
     def wait_delivered(self, expected, timeout=30):
@@ -328,6 +442,17 @@ class Explorer:
             left = end - time.monotonic()
             if left <= 0:
                 raise AssertionError("missing deliveries %s" % missing)
+            ino.read(timeout=int(min(left, 1.0) * 1000))
+
+
+def wait_file(path, timeout=30):
+    """Wait (inotify) until path exists: a pid file the peer renames into place once it listens."""
+    deadline = time.monotonic() + timeout
+    with INotify() as ino:
+        ino.add_watch(os.path.dirname(path), flags.MOVED_TO | flags.CREATE)
+        while not os.path.exists(path):
+            left = deadline - time.monotonic()
+            assert left > 0, "%s never appeared" % path
             ino.read(timeout=int(min(left, 1.0) * 1000))
 
 
@@ -459,6 +584,16 @@ def test_dir_queue_runs(explorer_base):
     report("dir qmail-queue x2 + 1", *ex.explore(rec, CAP))
 
 
+@pytest.mark.parametrize("backend", ["dir", "log"])
+def test_qmqpd_requests(explorer_base, backend):
+    """qmail-qmqpd's queueing path: concurrent requests on the local socket, then one more;
+    a message is acknowledged where its client read the K answer. Every state after a K
+    must hold that message for delivery."""
+    ex = Explorer(explorer_base, backend)
+    rec = ex.record_queue_runs([[("m1", RCPTS), ("m2", RCPTS)], [("m3", RCPTS)]], QMQP_DRIVER)
+    report("%s qmail-qmqpd: 2 requests at once + 1" % backend, *ex.explore(rec, CAP))
+
+
 def queue_for_send_run(ex):
     ex.queue("m1", RCPTS)
     ex.queue("m2", [RCPTS[1]])
@@ -519,3 +654,41 @@ def test_convert(explorer_base, source, target):
     ex.queue("m2", [RCPTS[1]])
     rec = ex.record_convert(target)
     report("qmailctl convert --to %s (2 messages)" % target, *ex.explore(rec, CAP))
+
+
+def peer_window(rec):
+    """always() for explore(): a crash after the peer made a message durable (its sync of
+    new/) and before the next sync of a file under queue/ (qmail-send's record of the
+    delivery): for each prefix in that window, the state with every unsynced operation
+    kept and the one with all of them lost."""
+    queue_inodes = {op.ino for op in rec.ops if op.kind == "create" and op.path.startswith("queue/")}
+    queue_inodes |= {ino for path, ino in cs.Tree.scan(rec.pre).names.items() if path.startswith("queue/")}
+    windows = []
+    for i, op in enumerate(rec.ops):
+        if op.kind == "fsyncdir" and op.path.startswith("homes/farpeer/"):
+            end = next((j for j in range(i + 1, len(rec.ops))
+                        if rec.ops[j].kind == "fsync" and rec.ops[j].ino in queue_inodes), len(rec.ops))
+            windows.append((i + 1, end))
+    return lambda rec, state: state.how in ("prefix", "all unsynced lost") and any(
+        a <= state.prefix <= b for a, b in windows)
+
+
+@pytest.mark.parametrize("backend", ["dir", "log"])
+def test_remote_deliveries(explorer_base, backend):
+    """qmail-remote's deliveries to a remote host that stores each message durably before
+    its 250 (tests/maildir_peer.py), recorded with it: a crash after the peer stored a
+    message and before qmail-send's record of the delivery ("Possible duplicate!"'s
+    window) must send it again, never drop it; every state of that window is explored.
+    Prints how many states left a recipient with two copies."""
+    ex = Explorer(explorer_base, backend)
+    ex.add_peer()
+    ex.queue("m1", [RCPTS[0], REMOTE])
+    ex.queue("m2", [REMOTE])
+    rec = ex.record_send_run()
+    stored = [op for op in rec.ops if op.kind == "link" and op.path.startswith("homes/farpeer/")]
+    assert len(stored) == 2, "the peer stored %d messages" % len(stored)
+    explored, distinct, failures = ex.explore(rec, CAP, always=peer_window(rec))
+    print("remote deliveries (%s): states with a message delivered twice, by recipient: %s"
+          % (backend, ex.duplicates))
+    report("%s qmail-send run, 2 remote deliveries to a peer, 1 local" % backend, explored, distinct, failures)
+    assert ex.duplicates.get(REMOTE), "no state had the peer's copy without qmail-send's record of it"
