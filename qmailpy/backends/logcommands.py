@@ -15,6 +15,8 @@ from qmailpy.backends.loginflight import InFlight
 from qmailpy.backends.loglocator import Locator
 from qmailpy.backends.logsegments import now as _now
 
+CHECKPOINT_GARBAGE = 2000      # superseded positions held before commit() checkpoints
+
 
 class LogCommands:
     """Mixin of LogQueue: needs active, taken, locators, pending_new, garbage, writer, _segments(),
@@ -98,11 +100,16 @@ class LogCommands:
             raise
 
     def commit(self):
-        """On disk before qmail-send answers: a power cut must not undo a hold or a delete."""
+        """On disk before qmail-send answers: a power cut must not undo a hold or a delete.
+        A command's batches supersede records faster than the 5-second checkpoints flag
+        them: past CHECKPOINT_GARBAGE a checkpoint comes now, so the positions (and the
+        bodies to clean) qmail-send holds until then stay few however long the command."""
         try:
             self.writer.sync_to(*self._tail())
         except OSError as e:
             raise QueueError("trouble syncing the log: %s" % e.strerror)
+        if len(self.garbage) >= CHECKPOINT_GARBAGE:
+            self.checkpoint(force=True)
 
     def hold(self, n):
         self._rewrite(self._get(n), True)
