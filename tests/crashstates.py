@@ -224,8 +224,12 @@ def _int(arg):
 
 
 class _Proc:
-    def __init__(self, fds, cwd):
+    def __init__(self, fds, cwd, early=False):
         self.fds, self.cwd = fds, cwd        # fds: {n: [kind, ino-or-path, offset, append]}
+        # strace may show a new process's first calls before its parent's clone returns:
+        # until then it is `early` and the fds it closes are noted, to apply to what it
+        # inherited once the clone is read
+        self.early, self.closed = early, set()
 
 
 class Recording:
@@ -259,7 +263,7 @@ def parse(trace_path, roots, pre, manifest):
     def proc(pid):
         p = procs.get(pid)
         if p is None:
-            p = procs[pid] = _Proc({}, None)
+            p = procs[pid] = _Proc({}, None, early=True)
         return p
 
     def resolve(pid, dirarg, patharg):
@@ -395,7 +399,10 @@ def parse(trace_path, roots, pre, manifest):
             if path is not None:
                 emit(Op("mkdir", pid, path=path))
         elif name == "close":
-            p.fds.pop(_fd(args[0])[0], None)
+            fd = _fd(args[0])[0]
+            p.fds.pop(fd, None)
+            if p.early:
+                p.closed.add(fd)
         elif name in ("dup", "dup2", "dup3"):
             f = p.fds.get(_fd(args[0])[0])
             if ret >= 0:
@@ -412,7 +419,14 @@ def parse(trace_path, roots, pre, manifest):
             m = re.search(r"flags=(0x[0-9a-f]+|\d+)", ",".join(args))
             flags = int(m.group(1), 0) if m else 0
             fds = p.fds if flags & CLONE_FILES else {k: v for k, v in p.fds.items()}
-            procs[ret] = _Proc(fds, p.cwd)
+            child = procs.get(ret)
+            if child is not None and child.early:     # its own calls came first (see _Proc)
+                for fd in child.closed:
+                    fds.pop(fd, None)
+                fds.update(child.fds)
+                procs[ret] = _Proc(fds, child.cwd or p.cwd)
+            else:
+                procs[ret] = _Proc(fds, p.cwd)
 
     with open(trace_path, "rb") as f:
         lines = f.read().decode("ascii", "replace").split("\n")

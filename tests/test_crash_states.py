@@ -692,3 +692,27 @@ def test_remote_deliveries(explorer_base, backend):
           % (backend, ex.duplicates))
     report("%s qmail-send run, 2 remote deliveries to a peer, 1 local" % backend, explored, distinct, failures)
     assert ex.duplicates.get(REMOTE), "no state had the peer's copy without qmail-send's record of it"
+
+
+def test_a_child_seen_before_its_parents_clone_returns_keeps_its_files(tmp_path):
+    """strace may print a new thread's calls before its parent's clone returns (seen in
+    the peer of test_remote_deliveries: its store's directory sync was dropped, so a
+    message the host had acknowledged looked lost). The parser keeps that thread's fds."""
+    root = tmp_path / "queue"
+    root.mkdir()
+    (tmp_path / "pre" / "queue").mkdir(parents=True)
+
+    def hx(text):
+        return "".join("\\x%02x" % b for b in text.encode())
+    f = "%s/x" % root
+    trace = tmp_path / "trace"
+    trace.write_text("\n".join([
+        '100 clone3({flags=0x3d0f00, child_tid=0x1}, 88 <unfinished ...>',
+        '101 openat(-100<%s>, "%s", 0x41, 0600) = 5<%s>' % (hx("/"), hx(f), hx(f)),
+        '100 <... clone3 resumed>) = 101',
+        '101 write(5<%s>, "%s", 2) = 2' % (hx(f), hx("ab")),
+        '101 fsync(5<%s>) = 0' % hx(f),
+        '101 +++ exited with 0 +++', '']))
+    rec = cs.parse(str(trace), {"queue": str(root)}, str(tmp_path / "pre"), {})
+    assert [op.kind for op in rec.ops] == ["create", "write", "fsync"]
+    assert cs.not_durable(rec.ops, 3) == [0]          # the name needs its directory's sync
