@@ -111,7 +111,8 @@ def program_name(argv, default):
 
 def daemon_cpu(start_pid):
     """CPU seconds so far of qmail-send (qmail-start's process) and the daemons it
-    started, by program; delivery children count once qmail-lspawn has reaped them."""
+    started, by program; "delivery children" are qmail-lspawn's delivery workers, live
+    and reaped (and the programs they ran)."""
     send = psutil.Process(start_pid)
     by_name = {}
     for proc in [send] + send.children():
@@ -123,7 +124,14 @@ def daemon_cpu(start_pid):
         name = program_name(argv, proc.name())
         by_name[name] = by_name.get(name, 0) + times.user + times.system
         if name == "qmail-lspawn":
-            by_name["delivery children"] = times.children_user + times.children_system
+            workers = times.children_user + times.children_system
+            for worker in proc.children():
+                try:
+                    t = worker.cpu_times()
+                except psutil.Error:
+                    continue
+                workers += t.user + t.system + t.children_user + t.children_system
+            by_name["delivery children"] = workers
     return by_name
 
 
