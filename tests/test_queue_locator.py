@@ -115,3 +115,20 @@ def test_a_reply_is_appended_as_it_goes_and_appears_whole(tmp_path):
         answers = list(command.decode_reply(f))
     assert answers == [(n, "done" if n % 3 else "none", "deleted" if n % 3 else "not in queue")
                        for n in range(1, 11)]
+
+
+def test_batches_take_the_numbers_split_by_split():
+    """qmail-send's batches (send/commands.py): each holds numbers of one split directory
+    (n % 23), so the directory backend syncs one directory per channel for a batch; every
+    number comes once."""
+    from qmailpy.send.commands import CommandDesk, Open
+    desk = CommandDesk(None)
+    desk.batch = 3
+    op = Open("c", command.Command("delete", array("Q", range(1000, 1100))), "command")
+    batches = []
+    while op.split < 23:
+        batches.append(desk._next_batch(op))
+    batches = [b for b in batches if b]
+    assert all(len({n % 23 for n in b}) == 1 and len(b) <= 3 for b in batches)
+    assert [n % 23 for b in batches for n in b] == sorted(n % 23 for n in range(1000, 1100))
+    assert sorted(n for b in batches for n in b) == list(range(1000, 1100))

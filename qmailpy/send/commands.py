@@ -5,9 +5,9 @@ qmail-send looks at the directory when the trigger is pulled and at startup. A
 command is carried out in steps between qmail-send's other work, so a command naming
 a great many messages never stops deliveries for long, nor grows qmail-send: its
 numbers are an array, the backend locates them (the log backend by walking the log,
-WALK_STEP records a turn), then a batch of them is acted on a turn (sized to take about
-TURN seconds, at most ACT_BATCH messages), the batch is committed (one fsync) and its
-answers are appended to the reply being written.
+WALK_STEP records a turn), then a batch of them is acted on a turn (numbers of one split
+directory, sized to take about TURN seconds, MIN_BATCH to ACT_BATCH messages), the batch
+is committed (one fsync) and its answers are appended to the reply being written.
 
 A message none of whose deliveries is in flight is acted on at once. Otherwise
 qmail-send starts no more deliveries of it, waits for those in flight to finish, and
@@ -24,10 +24,12 @@ import time
 
 from qmailpy import command, logline
 from qmailpy.backends.base import QueueError
+from qmailpy.layout import SPLIT
 from qmailpy.send.clean import CleanerLost
 
 COMMAND_BATCH = 64          # command files read per loop iteration
 ACT_BATCH = 200             # messages acted on per loop iteration at most, then one commit
+MIN_BATCH = 32              # and at least (a batch's commit is one sync however small it is)
 TURN = 0.1                  # seconds a batch should take: the next batch is sized to it
 TODO_TRIES = 3              # todo scans to wait for before a queued message is answered
 STALE_REPLY = 86400         # seconds; an older unread answer is removed at startup
@@ -35,12 +37,14 @@ STALE_REPLY = 86400         # seconds; an older unread answer is removed at star
 
 class Open:
     """A command being carried out: where its numbers (ascending) stand."""
-    __slots__ = ("name", "command", "locator", "next", "answered", "reply", "broken", "todo", "tries")
+    __slots__ = ("name", "command", "locator", "split", "next", "answered", "reply", "broken", "todo",
+                 "tries")
 
     def __init__(self, name, cmd, directory):
         self.name, self.command = name, cmd
         self.locator = None
-        self.next = 0                            # index of the first number not yet started
+        self.split, self.next = 0, 0             # numbers of splits before split are started, and
+                                                 # of this split those before index next
         self.answered = 0
         self.reply = command.ReplyWriter(directory, name)
         self.broken = None                       # OSError writing the reply
@@ -59,7 +63,7 @@ class CommandDesk:
         self.waiting = {}                        # n -> [Open] until n's deliveries end
         self.quiesce = set()                     # numbers whose passes start no delivery
         self.todo_wait = []                      # Opens whose messages were still in todo
-        self.batch = 10                          # messages in the next batch (<= ACT_BATCH)
+        self.batch = MIN_BATCH                   # messages in the next batch
 
     def wakeup(self, now):
         busy = self.rescan or self.ops or (self.todo_wait and self.send.todo is None)
@@ -185,15 +189,33 @@ class CommandDesk:
         op = self.ops[0]
         if not op.locator.step():
             return
-        numbers = op.command.numbers
-        batch = numbers[op.next:op.next + self.batch]
-        op.next += len(batch)
-        if op.next >= len(numbers):
+        batch = self._next_batch(op)
+        if op.split >= SPLIT:
             self.ops.pop(0)
         started = time.monotonic()
         self._start(op, batch)
         spent = max(time.monotonic() - started, 0.001)
-        self.batch = max(1, min(ACT_BATCH, int(len(batch) * TURN / spent)))
+        self.batch = max(MIN_BATCH, min(ACT_BATCH, int(len(batch) * TURN / spent)))
+
+    def _next_batch(self, op):
+        """Up to self.batch of op's numbers not yet started, all of one split (n % SPLIT),
+        taken split by split: the directory backend's commit() then syncs one directory
+        per channel for the batch, however the numbers fall."""
+        numbers, size = op.command.numbers, self.batch
+        batch = []
+        while op.split < SPLIT:
+            end = len(numbers)
+            while op.next < end and len(batch) < size:
+                n = numbers[op.next]
+                op.next += 1
+                if n % SPLIT == op.split:
+                    batch.append(n)
+            if len(batch) >= size and op.next < end:
+                return batch
+            op.split, op.next = op.split + 1, 0
+            if batch:
+                return batch
+        return batch
 
     def _start(self, op, numbers):
         """Act on the numbers of op that are idle; the others wait for their deliveries."""
