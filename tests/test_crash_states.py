@@ -277,6 +277,12 @@ class Explorer:
                     os.kill(int(f.read()), signal.SIGTERM)
             assert d.proc.wait(timeout=60) == 0
         finally:
+            if peer_pid and d.proc.poll() is None and os.path.exists(peer_pid):
+                with open(peer_pid) as f:          # in a session of its own: killpg misses it
+                    try:
+                        os.kill(int(f.read()), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
             if d.proc.poll() is None:
                 os.killpg(d.proc.pid, signal.SIGKILL)
                 d.proc.wait()
