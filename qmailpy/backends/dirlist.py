@@ -109,9 +109,13 @@ def counts(queue_dir):
 
 def _count_numbers(directory):
     try:
-        return sum(1 for name in os.listdir(directory) if is_number(name))
+        names = os.listdir(directory)
     except FileNotFoundError:
         return 0
+    joined = "".join(names)                 # all numbers (the rule): two checks in C, not one a name
+    if joined.isdigit() and joined.isascii():
+        return len(names)
+    return sum(1 for name in names if is_number(name))
 
 
 def state_counts(queue_dir):
