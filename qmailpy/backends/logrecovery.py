@@ -240,6 +240,7 @@ class LogRecovery:
             self._warn("trouble fsyncing log: %s" % e.strerror)
             return
         flagged = set()
+        unwritten = set()
         for pos in sorted(self.garbage):
             fd = self._segment_fd(pos[0])
             if fd is None:
@@ -248,8 +249,12 @@ class LogRecovery:
                 os.pwrite(fd, bytes((R.GARBAGE,)), pos[1] + R.FLAGS_OFFSET)
                 flagged.add(pos[0])
             except OSError:
-                pass
+                unwritten.add(pos)
+        # A flag that could not be written stays owed: its position stays superseded in
+        # memory, and no checkpoint moves recovery's start past a record whose flag on
+        # disk still reads live (a restart would take it for live and offer it again).
         self.garbage.clear()
+        self.garbage.update(unwritten)
         cleaning, self.to_clean = self.to_clean, []
         for i, n in enumerate(cleaning):
             try:
@@ -276,7 +281,10 @@ class LogRecovery:
                     os.fsync(fd)
             if self.state_counts is not None:
                 self.state_counts.write(self.logdir)
-            self._write_checkpoint(replay)
+            if unwritten:
+                self._warn("trouble writing %d garbage flags; checkpoint put off" % len(unwritten))
+            else:
+                self._write_checkpoint(replay)
         except OSError as e:
             self._warn("trouble writing log checkpoint: %s" % e.strerror)
 
