@@ -1,7 +1,7 @@
 """qmail-send's remote delivery rate with and without per-domain rules that never bind.
 
     .venv/bin/python bench/throttle.py [-n 2000] [--domains 10] [--rounds 2] [--backend dir|log]
-                                       [--extra-lines 100]
+                                       [--extra-lines 100] [--binding]
 
 For each round, twice on a fresh home (`qmailctl init`): N one-recipient messages to
 u<i>@d<i mod D>.test are queued first (forked qmail-queue code, as bench/deliver.py
@@ -9,7 +9,9 @@ u<i>@d<i mod D>.test are queued first (forked qmail-queue code, as bench/deliver
 qmail-remote's code) and deliver them through control/smtproutes to an aiosmtpd Sink
 on 127.0.0.1. The time runs from qmail-start to the N-th `end msg` line in
 qmail-send's log. The first run of a round has no rules; the second has rules that
-apply to every domain and never bind: control/concurrencydomains d<i>.test:120
+apply to every domain and never bind (with --binding, d0.test is held to 1 delivery in
+flight and BOUND_RATE a second, so qmail-send throttles it all along, and the rate in both
+modes is that of the other domains' messages, until the last of them ended): control/concurrencydomains d<i>.test:120
 (concurrencyremote is 20), control/ratelimits d<i>.test:1000000/1,
 control/delaydomains d<i>.test:0, plus --extra-lines lines per file for other
 domains, so every remote delivery goes through the gate's lookups and counts
@@ -37,6 +39,7 @@ import psutil
 from inotify_simple import INotify, flags
 
 BIN = os.path.dirname(sys.executable)
+BOUND_RATE = 20         # --binding: d0.test's deliveries a second
 
 
 def free_port():
@@ -65,7 +68,7 @@ def write_control(home, name, text):
     os.chmod(path, 0o644)
 
 
-def make_home(base, user, backend, port, domains, rules, extra):
+def make_home(base, user, backend, port, domains, rules, extra, binding=False):
     home = os.path.join(base, "home")
     env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
     env.pop("QMAILREMOTE", None)
@@ -79,8 +82,10 @@ def make_home(base, user, backend, port, domains, rules, extra):
         write_control(home, "queuebackend", backend + "\n")
     if rules:
         others = ["other%d.example" % i for i in range(extra)]
-        write_control(home, "concurrencydomains", "".join("%s:120\n" % d for d in others + names))
-        write_control(home, "ratelimits", "".join("%s:1000000/1\n" % d for d in others + names))
+        free = names[1:] if binding else names
+        bound = ("%s:1\n" % names[0], "%s:%d/1\n" % (names[0], BOUND_RATE)) if binding else ("", "")
+        write_control(home, "concurrencydomains", bound[0] + "".join("%s:120\n" % d for d in others + free))
+        write_control(home, "ratelimits", bound[1] + "".join("%s:1000000/1\n" % d for d in others + free))
         write_control(home, "delaydomains", "".join("%s:0\n" % d for d in others + names))
     return home, env
 
@@ -103,14 +108,29 @@ def count_lines(path, prefix):
         return sum(1 for line in f if line.startswith(prefix))
 
 
+def free_domains_done(path, bound):
+    """How many messages to a domain other than `bound` have ended (their 'end msg')."""
+    bound_msgs, ended = set(), []
+    with open(path, "rb") as f:
+        for line in f:
+            if line.startswith(b"starting delivery ") and line.rstrip(b"\n").endswith(b"@" + bound):
+                bound_msgs.add(line.split(b" msg ")[1].split(b" ")[0])
+            elif line.startswith(b"end msg "):
+                ended.append(line[8:].strip())
+    return sum(1 for n in ended if n not in bound_msgs)
+
+
 def run(args, rules, port):
-    """One run on a fresh home: (deliveries/s, qmail-send CPU ms per delivery, throttling lines)."""
+    """One run on a fresh home: (deliveries/s, qmail-send CPU ms per delivery, throttling lines).
+    With --binding the rate is that of the messages to d1..: their count over the time until
+    the last of them ended (d0's go on under their limits), in both modes alike."""
     user = "nobody" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
     base = tempfile.mkdtemp(prefix="qmailpy-bench-")
     os.chmod(base, 0o755)
     send = None
     try:
-        home, env = make_home(base, user, args.backend, port, args.domains, rules, args.extra_lines)
+        home, env = make_home(base, user, args.backend, port, args.domains, rules, args.extra_lines,
+                              args.binding)
         per = [args.n // 4 + (1 if k < args.n % 4 else 0) for k in range(4)]
         firsts = [sum(per[:k]) for k in range(4)]
         with multiprocessing.Pool(4) as pool:
@@ -124,19 +144,25 @@ def run(args, rules, port):
             send = subprocess.Popen(["qmail-start", "./Maildir/"], stdout=log, stderr=log, env=env,
                                     cwd="/", start_new_session=True)
         deadline = t0 + max(120, args.n / 5)
+        free = args.n - len(range(0, args.n, args.domains)) if args.binding else args.n
+        freed = None
         while count_lines(logpath, b"end msg ") < args.n:
             if time.monotonic() > deadline or send.poll() is not None:
                 raise SystemExit("only %d of %d delivered; log tail:\n%s" % (
                     count_lines(logpath, b"end msg "), args.n, open(logpath, "rb").read()[-2000:].decode()))
-            ino.read(timeout=1000)
+            ino.read(timeout=100 if args.binding else 1000)
+            if freed is None and args.binding and free_domains_done(logpath, b"d0.test") >= free:
+                freed = time.monotonic() - t0
         elapsed = time.monotonic() - t0
+        if args.binding:
+            elapsed = freed if freed is not None else elapsed
         times = psutil.Process(send.pid).cpu_times()
         cpu = (times.user + times.system) * 1000 / args.n
         with open(logpath, "rb") as f:
             failures = sum(1 for line in f if line.startswith(b"delivery ") and b": success: " not in line)
         if failures:
             raise SystemExit("%d deliveries did not succeed; see the sink" % failures)
-        return args.n / elapsed, cpu, count_lines(logpath, b"throttling ")
+        return free / elapsed, cpu, count_lines(logpath, b"throttling ")
     finally:
         if send is not None and send.poll() is None:
             send.send_signal(signal.SIGTERM)
@@ -181,6 +207,9 @@ def main():
     ap.add_argument("--backend", choices=("dir", "log"), default="dir")
     ap.add_argument("--extra-lines", type=int, default=100,
                     help="rule lines for other domains in each control file (default 100)")
+    ap.add_argument("--binding", action="store_true",
+                    help="the rules also hold d0.test to 1 in flight and %d a second; the rate is "
+                         "that of the other domains' messages" % BOUND_RATE)
     args = ap.parse_args()
     port = free_port()
     sink = subprocess.Popen([os.path.join(BIN, "aiosmtpd"), "-n", "-l", "127.0.0.1:%d" % port,
@@ -192,15 +221,19 @@ def main():
         for r in range(args.rounds):
             for rules in (False, True):
                 rate, cpu, throttled = run(args, rules, port)
-                if throttled:
+                if throttled and not args.binding:
                     raise SystemExit("a rule bound: %d throttling lines" % throttled)
+                if rules and args.binding and not throttled:
+                    raise SystemExit("d0.test's rules never bound")
                 results[rules].append((rate, cpu))
                 print("round %d %-8s %7.1f deliveries/s  qmail-send CPU %.3f ms/delivery" % (
                     r + 1, "rules" if rules else "no rules", rate, cpu), flush=True)
     finally:
         sink.terminate()
         sink.wait(30)
-    print("== %s backend, N=%d, %d domains, %d rounds" % (args.backend, args.n, args.domains, args.rounds))
+    print("== %s backend, N=%d, %d domains, %d rounds%s" % (
+        args.backend, args.n, args.domains, args.rounds,
+        ", d0.test bound (rates of d1..d%d)" % (args.domains - 1) if args.binding else ""))
     med = {}
     for rules in (False, True):
         rates = [x[0] for x in results[rules]]
