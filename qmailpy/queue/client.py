@@ -113,22 +113,23 @@ class Result:
         return "Result(code=%r, pid=%r, text=%r)" % (self.code, self.pid, self.text)
 
 
-def QueueClient(home, environ=None, prefer_server=False):
+def QueueClient(home, environ=None, prefer_server=False, not_before=None):
     """Start queueing one message: a ForkedQueue child, or with $QMAILQUEUE unset and no
     queue rights, a ServerSubmission to qmail-qmqpd. Both have write/finish/abort.
 
     prefer_server: a long-lived caller with queue rights (a qmail-smtpd session worker)
     hands the message to qmail-qmqpd too, which queues it without a fork, and forks
-    qmail-queue's code itself only when no server answers."""
+    qmail-queue's code itself only when no server answers.
+    not_before: hold the message's delivery until then (epoch seconds; without it,
+    $QMAILNOTBEFORE does, as for qmail-queue)."""
     environ = os.environ if environ is None else environ
     program = environ.get("QMAILQUEUE")
     if program is None:
         if not has_queue_rights(home):
-            return ServerSubmission(home)
-        from qmailpy.mess import NOT_BEFORE
-        if prefer_server and NOT_BEFORE not in os.environ:
-            return ServerSubmission(home, fallback=True)
-    return ForkedQueue(home, program)
+            return ServerSubmission(home, not_before=not_before)
+        if prefer_server:
+            return ServerSubmission(home, fallback=True, not_before=not_before)
+    return ForkedQueue(home, program, not_before)
 
 
 def code_of(marked):
@@ -147,10 +148,12 @@ class ServerSubmission:
 
     fallback: when no server can be reached, queue it with a ForkedQueue instead (only
     for a caller with queue rights). A server reached that fails mid-request is not
-    retried so: the message may have been queued."""
+    retried so: the message may have been queued.
 
-    def __init__(self, home, fallback=False):
-        self.home, self.fallback = home, fallback
+    not_before (or else $QMAILNOTBEFORE) goes in the local socket's option."""
+
+    def __init__(self, home, fallback=False, not_before=None):
+        self.home, self.fallback, self.not_before = home, fallback, not_before
         self.path = os.path.join(home, SOCKET)
         self.pid = None
         self._buf = bytearray()
@@ -170,14 +173,17 @@ class ServerSubmission:
     def finish(self, sender, recipients):
         if self._result is not None:
             return self._result
-        from qmailpy.mess import NOT_BEFORE
-        if NOT_BEFORE in os.environ:        # QMQP has no place for it: refuse, never drop it
-            self._result = Result(55, None, b"Z$%s needs queue rights; qmail-qmqpd cannot carry it"
-                                  b" (#4.3.0)" % NOT_BEFORE.encode())
-            return self._result
+        not_before = self.not_before
+        if not_before is None:
+            from qmailpy.mess import not_before_of
+            try:
+                not_before = not_before_of(os.environ)
+            except ValueError:              # as qmail-queue: before anything is made
+                self._result = Result(55, None, explain(55))
+                return self._result
         from qmailpy.queue import qmqp
         request_message = bytes(self._buf)
-        request = qmqp.request(request_message, sender, recipients)
+        request = qmqp.request(request_message, sender, recipients, not_before)
         self._buf = bytearray()
         try:
             answer = qmqp.exchange(self.path, request, SERVER_TIMEOUT)
@@ -187,7 +193,7 @@ class ServerSubmission:
             return self._result
         except qmqp.Unreachable as e:
             if self.fallback:
-                self._result = self._forked(request_message, sender, recipients)
+                self._result = self._forked(request_message, sender, recipients, not_before)
                 return self._result
             self._result = Result(NO_SERVER, None, b"Zno queue server at %s: %s;"
                                   b" is qmail-qmqpd running? (#4.3.0)"
@@ -201,9 +207,9 @@ class ServerSubmission:
         return self._result
 
 
-    def _forked(self, message, sender, recipients):
+    def _forked(self, message, sender, recipients, not_before):
         try:
-            forked = ForkedQueue(self.home)
+            forked = ForkedQueue(self.home, not_before=not_before)
         except QueueStartError:
             return Result(None, None, b"Zqqt failure (#4.3.0)")
         forked.write(message)
@@ -211,7 +217,10 @@ class ServerSubmission:
 
 
 class ForkedQueue:
-    def __init__(self, home, program=None):
+    """qmail-queue's code (or $QMAILQUEUE's program) in a child; not_before sets its
+    $QMAILNOTBEFORE."""
+
+    def __init__(self, home, program=None, not_before=None):
         import _signal
         # A parent that ignores SIGCHLD (swaks --pipe) passes that on: the child would
         # then be reaped by the kernel, waitpid would fail, and a message that was
@@ -232,6 +241,9 @@ class ForkedQueue:
                 os.close(fd)
             raise QueueStartError(e.errno, "unable to start qmail-queue: %s" % e.strerror) from e
         if pid == 0:
+            if not_before is not None:
+                from qmailpy.mess import NOT_BEFORE
+                os.environ[NOT_BEFORE] = "%d" % not_before
             _child(home, program, msg_r, env_r, err_w, (msg_w, env_w, err_r))
         os.close(msg_r)
         os.close(env_r)

@@ -7,6 +7,10 @@ netstring(recipient)...). The answer is one netstring whose first byte is K
 netstring is LENGTH ":" BYTES ",", LENGTH in decimal without leading zeros
 (qmail-qmqpd also accepts them).
 
+On the local socket only (qmailpy's, not qmail's), a request may follow one option
+netstring, told apart by its first byte (a letter; a request's is a digit):
+netstring("notbefore=" EPOCH) holds the message's delivery until then (qmail-qmqpd(8)).
+
 exchange() is the client's side over a local (AF_UNIX) socket.
 """
 import os
@@ -30,9 +34,23 @@ def netstring(data):
     return b"%d:%s," % (len(data), data)
 
 
-def request(message, sender, recipients):
-    return netstring(netstring(message) + netstring(sender)
-                     + b"".join(netstring(r) for r in recipients))
+NOT_BEFORE_OPTION = b"notbefore="
+MAX_OPTION = 64          # bytes of an option netstring's text
+
+
+def request(message, sender, recipients, not_before=None):
+    """The request's bytes; not_before (epoch seconds) adds the local socket's option."""
+    option = b"" if not_before is None else netstring(NOT_BEFORE_OPTION + b"%d" % not_before)
+    return option + netstring(netstring(message) + netstring(sender)
+                              + b"".join(netstring(r) for r in recipients))
+
+
+def parse_option(text):
+    """Epoch seconds from an option netstring's text; ValueError if it is not one."""
+    value = text[len(NOT_BEFORE_OPTION):]
+    if not text.startswith(NOT_BEFORE_OPTION) or not value.isdigit() or len(value) > 12:
+        raise ValueError(text)
+    return int(value)
 
 
 def parse_answer(data):

@@ -25,7 +25,7 @@ import time
 
 from qmailpy.workerserver import DEFAULT_MAX_IDLE, DEFAULT_MAX_USE, REFUSED, WorkerServer
 from qmailpy.queue.client import explain
-from qmailpy.queue.qmqp import netstring
+from qmailpy.queue.qmqp import MAX_OPTION, netstring, parse_option
 
 DEFAULT_LIMIT = 40            # requests served at once; more connections wait in the backlog
 DEFAULT_TIMEOUT = 1200        # seconds a connection may take, from accept to answer
@@ -63,6 +63,7 @@ class Request:
         self.envelope_started = self.finished = False
         self.records = 0          # envelope records handed out so far
         self.failure = None
+        self.not_before = None    # epoch seconds, from the local socket's option
 
     def fail(self, answer):
         if self.failure is None:
@@ -113,10 +114,25 @@ class Request:
         if counted:
             self._count(1)
 
-    def read_head(self, databytes):
+    def _peek(self):
+        if not self.buf:
+            self.buf = self._recv()
+        return self.buf[:1]
+
+    def read_head(self, databytes, options=False):
         """The outer length and the message's; R_SIZE (after reading the rest) if the
-        message is longer than databytes (0: no limit)."""
+        message is longer than databytes (0: no limit). options: a "notbefore=" netstring
+        may come first (qmailpy.queue.qmqp; local socket only)."""
         self.left = self._length(counted=False)
+        if options and not self._peek().isdigit():
+            if self.left > MAX_OPTION:
+                self.fail(R_SYNTAX)
+            try:
+                self.not_before = parse_option(self._take(self.left))
+            except ValueError:
+                self.fail(R_SYNTAX)
+            self._comma(counted=False)
+            self.left = self._length(counted=False)
         self.message_left = self._length()
         self._count(self.message_left + 1)          # the message and its comma fit inside
         if databytes and self.message_left > databytes:
@@ -178,8 +194,9 @@ def peer_uid(conn):
     return struct.unpack("3i", creds)[1]
 
 
-def handle(home, conn, uid, timeout, syncs=None):
-    """Read, queue and answer one request in a worker; the exit status."""
+def handle(home, conn, uid, timeout, syncs=None, local=True):
+    """Read, queue and answer one request in a worker; the exit status. local: from the
+    local socket, whose requests may carry a not-before time."""
     from qmailpy.home import ControlError, control_int
     from qmailpy.queue.qmailqueue import run_from
     request = Request(conn, time.monotonic() + timeout)
@@ -190,12 +207,12 @@ def handle(home, conn, uid, timeout, syncs=None):
         request.failure = R_CONTROLS
     else:
         try:
-            request.read_head(databytes)
+            request.read_head(databytes, options=local)
         except BadRequest:
             pass
         else:
             code = run_from(home, request.read_message, request.read_envelope, uid, tidy=True,
-                            resident=True, syncs=syncs)
+                            not_before=request.not_before, resident=True, syncs=syncs)
     if request.failure is not None:
         answer = request.failure
     elif code == 0:
@@ -270,7 +287,8 @@ class Server(WorkerServer):
         setup_resident()
 
     def child(self, sock_index, conn, context):
-        return handle(self.home, conn, context[1], self.timeout, self.syncs)
+        return handle(self.home, conn, context[1], self.timeout, self.syncs,
+                      local=self.listening[sock_index] is not self.tcp)
 
     def _allowed(self, ip):
         if self.rules is None:

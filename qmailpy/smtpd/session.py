@@ -76,11 +76,10 @@ class _End(Exception):
 
 
 class Session:
-    def __init__(self, home, environ=None, in_fd=0, out_fd=1, queue_client=None):
+    def __init__(self, home, environ=None, in_fd=0, out_fd=1):
         self.home = home
         self.environ = os.environ if environ is None else environ
         self.in_fd, self.out_fd = in_fd, out_fd
-        self._queue_client = queue_client
         self.inbuf = bytearray()
         self.out = bytearray()
         self.cfg = None
@@ -94,6 +93,7 @@ class Session:
         self.tls = None             # the TLS connection after STARTTLS
         self._can_tls = None
         self.smtputf8 = False       # MAIL FROM had the SMTPUTF8 parameter
+        self.hold_until = None      # MAIL FROM's HOLDFOR/HOLDUNTIL, epoch seconds
         self.authenticated = None   # the user name after a successful AUTH
         self.auth_failures = 0
         self._checkpassword = None
@@ -259,6 +259,9 @@ class Session:
         if self.tls is not None and self.auth_offered():
             from qmailpy.smtpd.auth import MECHANISMS
             self.out += b"250-AUTH " + MECHANISMS + b"\r\n"
+        if self.cfg.relayclient is not None:
+            from qmailpy.smtpd.futurerelease import keyword
+            self.out += b"250-" + keyword(time.time()) + b"\r\n"
         self.out += b"250-SMTPUTF8\r\n250 8BITMIME\r\n"
         self.seenmail = False
         self.dohelo(arg)
@@ -437,6 +440,17 @@ class Session:
             self.rcpt = []
             self.out += R_SIZE
             return
+        hold_until = None
+        if b"HOLD" in rest.upper():
+            from qmailpy.smtpd.futurerelease import Refused, hold_parameter
+            try:
+                hold_until = hold_parameter(rest, time.time(), self.cfg.relayclient is not None)
+            except Refused as e:
+                self.seenmail = False
+                self.rcpt = []
+                self.out += e.reply
+                return
+        self.hold_until = hold_until
         self.flagbarf = badmailfrom(addr, self.cfg.badmailfrom)
         self.smtputf8 = smtputf8_parameter(rest)
         self.seenmail = True
@@ -480,11 +494,9 @@ class Session:
             return
         self.seenmail = False
         try:
-            if self._queue_client is not None:
-                qq = self._queue_client(self.home, self.environ)
-            else:
-                from qmailpy.queue.client import QueueClient
-                qq = QueueClient(self.home, self.environ, prefer_server=True)
+            from qmailpy.queue.client import QueueClient
+            qq = QueueClient(self.home, self.environ, prefer_server=True,
+                             not_before=self.hold_until)
         except OSError:
             self.out += R_QQT
             return
