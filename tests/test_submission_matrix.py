@@ -113,6 +113,23 @@ def test_a_client_cannot_claim_another_uid(server):
     assert not os.path.exists(os.path.join(home.queue, "todo", "1"))
 
 
+def test_an_ordinary_user_holds_his_own_message_with_deliver_after(server):
+    """sendmail -O DeliverAfter= without queue rights: the hold goes to qmail-qmqpd in the
+    local socket's notbefore= option and becomes the mess file's mtime."""
+    import time
+    from qmailpy.layout import SPLIT
+    home = server
+    before = int(time.time())
+    done = subprocess.run(["sendmail", "-O", "DeliverAfter=+7200", "someone@elsewhere.example"],
+                          input=b"Subject: later\n\nheld\n", env=home.env, timeout=60,
+                          stderr=subprocess.PIPE, **as_user("qtuser"))
+    assert (done.returncode, done.stderr) == (0, b"")
+    (q,) = queued(home)
+    assert received_uid(q.mess) == uid("qtuser")
+    mtime = os.stat(os.path.join(home.queue, "mess", str(q.n % SPLIT), str(q.n))).st_mtime
+    assert before + 7200 <= mtime <= time.time() + 7200
+
+
 def local_user(home, name, account):
     """users/assign maps NAME to ACCOUNT, with a Maildir in a home that ACCOUNT owns; the Maildir."""
     import pwd
