@@ -19,6 +19,8 @@ from qmailpy.layout import SPLIT
 
 CHUNK = 65536                     # qmail-queue's buffer: bytes per read, and per write of the body
 NOT_BEFORE = "QMAILNOTBEFORE"     # qmail-queue's variable for it (docs/queue-format.md "Not-before time")
+MAX_HOLD = 7 * 86400              # seconds: the longest hold qmail-qmqpd and qmail-smtpd take
+                                  # from callers without queue rights (qmail's default queuelifetime)
 
 
 def not_before_of(environ):

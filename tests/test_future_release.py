@@ -6,13 +6,17 @@ qmail-send honours (tests/test_send_throttle.py)."""
 import calendar
 import os
 import re
+import socket
+import threading
 import time
 
 import pytest
 
 from qmailpy.layout import SPLIT
 from qmailpy.queue.client import ServerSubmission
-from qmailpy.smtpd.futurerelease import MAX_HOLD, R_DENIED, R_SYNTAX, R_TOO_LONG, Refused, hold_parameter
+from qmailpy.mess import MAX_HOLD
+from qmailpy.smtpd.futurerelease import (R_DENIED, R_SYNTAX, R_TOO_LONG, R_UNAVAILABLE, Refused,
+                                         hold_parameter)
 from qmqpd_harness import QmqpServer, ask, netstring, request
 from queue_view import queued
 from test_smtpd_support import SmtpdProcess
@@ -35,7 +39,9 @@ def test_hold_parameters_parse_as_rfc_4865_says():
     assert hold_parameter(b"HOLDUNTIL=2000-01-01T00:00:00Z", NOW, True) is None   # already come
     for bad in (b"HOLDFOR=-5", b"HOLDFOR=1e3", b"HOLDFOR=", b"HOLDFOR=1234567890",
                 b"HOLDUNTIL=tomorrow", b"HOLDUNTIL=2027-13-01T00:00:00Z",
-                b"HOLDUNTIL=2027-01-15T08:00:00", b"HOLDFOR=5 HOLDUNTIL=2027-01-15T08:00:00Z"):
+                b"HOLDUNTIL=2027-01-15T08:00:00", b"HOLDFOR=5 HOLDUNTIL=2027-01-15T08:00:00Z",
+                b"HOLDFOR", b"HOLDUNTIL", b"HOLDUNTIL=0000-01-01T00:00:00Z",
+                b"HOLDUNTIL=2027-02-31T00:00:00Z", b"HOLDUNTIL=2027-01-15T08:00:00+99:99"):
         with pytest.raises(Refused) as e:
             hold_parameter(bad, NOW, True)
         assert e.value.reply == R_SYNTAX, bad
@@ -45,6 +51,9 @@ def test_hold_parameters_parse_as_rfc_4865_says():
     with pytest.raises(Refused) as e:
         hold_parameter(b"HOLDFOR=60", NOW, False)
     assert e.value.reply == R_DENIED
+    with pytest.raises(Refused) as e:
+        hold_parameter(b"HOLDFOR=60", NOW, True, available=False)
+    assert e.value.reply == R_UNAVAILABLE
 
 
 def session(home, **env):
@@ -80,6 +89,14 @@ def test_a_client_not_allowed_to_relay_is_not_offered_a_hold_and_is_refused_one(
         assert s.command(b"MAIL FROM:<a@b.example> HOLDFOR=60\r\n") == R_DENIED
         assert s.command(b"RCPT TO:<x@test.example>\r\n") == b"503 MAIL first (#5.5.1)\r\n"
     assert queued(qmail_home) == []
+
+
+def test_no_hold_through_a_qmailqueue_program(qmail_home):
+    """A $QMAILQUEUE program may not read $QMAILNOTBEFORE: the hold is neither offered nor
+    taken, rather than accepted and lost."""
+    with session(qmail_home, RELAYCLIENT="", QMAILQUEUE="/bin/false") as s:
+        assert b"FUTURERELEASE" not in s.command(b"EHLO c.example\r\n")
+        assert s.command(b"MAIL FROM:<a@b.example> HOLDFOR=60\r\n") == R_UNAVAILABLE
 
 
 def test_a_bad_or_too_long_hold_refuses_the_mail_command(qmail_home):
@@ -124,6 +141,41 @@ def test_a_caller_without_queue_rights_keeps_its_deliver_after(qmail_home, serve
     assert sub.finish(b"a@b", [b"g@h"]).code == 55                 # as qmail-queue: nothing made
     times = {m.recipients[0]: mtime_of(qmail_home, m) for m in queued(qmail_home)}
     assert times == {b"c@d": later, b"e@f": later + 60}
+
+
+def test_a_hold_beyond_the_longest_or_already_past_from_the_socket(qmail_home, server):
+    body = request(b"m\n", b"a@b", [b"c@d"])
+    too_long = netstring(b"notbefore=%d" % (time.time() + MAX_HOLD + 60)) + body
+    assert ask(server.socket, too_long) == b"Dsorry, that hold is longer than I allow (#5.5.4)"
+    assert queued(qmail_home) == []
+    before = time.time()
+    assert ask(server.socket, netstring(b"notbefore=0") + body).startswith(b"Kok ")
+    [msg] = queued(qmail_home)
+    assert before - 1 <= mtime_of(qmail_home, msg) <= time.time() + 1      # no hold: its real time
+
+
+def test_a_server_from_before_the_option_is_a_temporary_failure(qmail_home, tmp_path):
+    """A qmail-qmqpd not restarted since an upgrade answers the option 'not a QMQP request':
+    the sound request must not become a permanent failure (a bounce, a 554)."""
+    path = os.path.join(qmail_home.path, "run", "qmqp.sock")
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(path)
+        listener.listen(1)
+
+        def old_server():
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(netstring(b"Dthat is not a QMQP request (#5.5.2)"))
+
+        thread = threading.Thread(target=old_server)
+        thread.start()
+        sub = ServerSubmission(qmail_home.path, not_before=int(time.time()) + 60)
+        sub.write(b"x\n")
+        result = sub.finish(b"a@b", [b"c@d"])
+        thread.join()
+    assert not result.ok and not result.permanent
+    assert result.text == b"the queue server takes no hold time; restart qmail-qmqpd (#4.3.0)"
 
 
 def test_a_bad_option_is_refused_and_nothing_is_queued(qmail_home, server):

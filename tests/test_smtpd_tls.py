@@ -428,6 +428,25 @@ def test_qmail_smtpd_auth_login_plain_and_failures(tls_home, certs):
     assert "qmail-smtpd: auth ok: alice from 192.0.2.7\n" in log
 
 
+def test_futurerelease_is_offered_with_auth_and_taken_after_it(tls_home, certs):
+    """RFC 4865 is a submission extension: a client that will AUTH sees FUTURERELEASE in the
+    EHLO after STARTTLS, and its hold is taken once it has authenticated."""
+    from test_future_release import mtime_of
+    with tls_session(tls_home, certs, SMTPAUTH="") as s:
+        assert b"\r\n250-FUTURERELEASE 604800 " in s.command(b"EHLO c.example\r\n")
+        assert s.command(b"MAIL FROM:<alice@test.example> HOLDFOR=600\r\n") == (
+            b"550 sorry, only clients allowed to relay may hold mail (#5.7.1)\r\n")
+        assert s.command(b"AUTH PLAIN AGFsaWNlAHMzY3JldA==\r\n") == b"235 ok, go ahead (#2.0.0)\r\n"
+        assert s.command(b"MAIL FROM:<alice@test.example> HOLDFOR=600\r\n") == b"250 ok\r\n"
+        assert s.command(b"RCPT TO:<bob@far.example>\r\n") == b"250 ok\r\n"
+        assert s.command(b"DATA\r\n") == b"354 go ahead\r\n"
+        before = int(time.time())
+        assert s.command(b"Subject: later\r\n\r\nheld\r\n.\r\n").startswith(b"250 ok ")
+        s.command(b"QUIT\r\n")
+    [msg] = queued(tls_home)
+    assert before + 600 <= mtime_of(tls_home, msg) <= time.time() + 600
+
+
 def test_too_many_failures_end_the_session(tls_home, certs):
     with tls_session(tls_home, certs, SMTPAUTH="") as s:
         started = time.monotonic()

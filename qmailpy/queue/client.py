@@ -199,6 +199,10 @@ class ServerSubmission:
                                   b" is qmail-qmqpd running? (#4.3.0)"
                                   % (os.fsencode(self.path), e.reason.encode()))
             return self._result
+        if not_before is not None and answer == qmqp.NOT_QMQP:
+            # a qmail-qmqpd from before the option (not restarted since an upgrade): the
+            # request is sound, so this is not the message's fault
+            answer = b"Zthe queue server takes no hold time; restart qmail-qmqpd (#4.3.0)"
         code = code_of(answer)
         if code == 0:
             self.pid = qmqp.qp_of(answer)

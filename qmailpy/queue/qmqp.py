@@ -34,6 +34,7 @@ def netstring(data):
     return b"%d:%s," % (len(data), data)
 
 
+NOT_QMQP = b"Dthat is not a QMQP request (#5.5.2)"      # qmail-qmqpd's answer to a broken request
 NOT_BEFORE_OPTION = b"notbefore="
 MAX_OPTION = 64          # bytes of an option netstring's text
 

@@ -24,8 +24,9 @@ import struct
 import time
 
 from qmailpy.workerserver import DEFAULT_MAX_IDLE, DEFAULT_MAX_USE, REFUSED, WorkerServer
+from qmailpy.mess import MAX_HOLD
 from qmailpy.queue.client import explain
-from qmailpy.queue.qmqp import MAX_OPTION, netstring, parse_option
+from qmailpy.queue.qmqp import MAX_OPTION, NOT_QMQP, netstring, parse_option
 
 DEFAULT_LIMIT = 40            # requests served at once; more connections wait in the backlog
 DEFAULT_TIMEOUT = 1200        # seconds a connection may take, from accept to answer
@@ -34,10 +35,11 @@ _MAX_DIGITS = 20
 
 R_TRUNCATED = b"Zthe QMQP request ended early (#4.3.0)"
 R_TIMEOUT = b"Ztimeout reading the QMQP request (#4.4.2)"
-R_SYNTAX = b"Dthat is not a QMQP request (#5.5.2)"
+R_SYNTAX = NOT_QMQP
 R_SIZE = b"Dsorry, that message size exceeds my databytes limit (#5.3.4)"
 R_ADDRESS = b"Dsorry, I can't accept addresses like that (#5.1.3)"
 R_CONTROLS = b"Zunable to read controls (#4.3.0)"
+R_HOLD = b"Dsorry, that hold is longer than I allow (#5.5.4)"
 
 
 class BadRequest(OSError):
@@ -128,10 +130,16 @@ class Request:
             if self.left > MAX_OPTION:
                 self.fail(R_SYNTAX)
             try:
-                self.not_before = parse_option(self._take(self.left))
+                not_before = parse_option(self._take(self.left))
             except ValueError:
                 self.fail(R_SYNTAX)
             self._comma(counted=False)
+            now = time.time()
+            if not_before - now > MAX_HOLD:
+                self.fail(R_HOLD)
+            # a time already come is no hold: the mess file keeps its real mtime (metrics'
+            # oldest message reads it)
+            self.not_before = not_before if not_before > now else None
             self.left = self._length(counted=False)
         self.message_left = self._length()
         self._count(self.message_left + 1)          # the message and its comma fit inside
@@ -194,7 +202,7 @@ def peer_uid(conn):
     return struct.unpack("3i", creds)[1]
 
 
-def handle(home, conn, uid, timeout, syncs=None, local=True):
+def handle(home, conn, uid, timeout, syncs=None, local=False):
     """Read, queue and answer one request in a worker; the exit status. local: from the
     local socket, whose requests may carry a not-before time."""
     from qmailpy.home import ControlError, control_int

@@ -7,11 +7,12 @@ time"), carried to qmail-qmqpd in the local socket's option (qmailpy.queue.qmqp)
 """
 import re
 
-MAX_HOLD = 7 * 86400            # seconds: the longest hold offered (qmail's default queuelifetime)
+from qmailpy.mess import MAX_HOLD
 
 R_SYNTAX = b"501 syntax error in HOLDFOR or HOLDUNTIL (#5.5.4)\r\n"
 R_TOO_LONG = b"501 sorry, that hold is longer than I allow (#5.5.4)\r\n"
 R_DENIED = b"550 sorry, only clients allowed to relay may hold mail (#5.7.1)\r\n"
+R_UNAVAILABLE = b"555 sorry, holds are not available here (#5.5.4)\r\n"
 
 _DATE_TIME = re.compile(rb"(\d{4})-(\d\d)-(\d\d)[Tt](\d\d):(\d\d):(\d\d)(?:\.\d+)?"
                         rb"(?:([Zz])|([+-])(\d\d):(\d\d))\Z")
@@ -35,14 +36,18 @@ def utc_text(epoch):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)).encode()
 
 
-def hold_parameter(rest, now, allowed):
+def hold_parameter(rest, now, allowed, available=True):
     """Epoch seconds to hold until from the ESMTP parameters after a MAIL address, None
-    without one (or for a time already come); Refused for a bad, too long or
-    not allowed hold."""
+    without one (or for a time already come, which RFC 4865 leaves to the server:
+    delivered now); Refused for a bad, too long or not allowed hold. available: False
+    when the hold could not reach the queue ($QMAILQUEUE names another program)."""
     holds = [word for word in rest.split(b" ")
-             if word[:8].upper() == b"HOLDFOR=" or word[:10].upper() == b"HOLDUNTIL="]
+             if word[:8].upper() == b"HOLDFOR=" or word[:10].upper() == b"HOLDUNTIL="
+             or word.upper() in (b"HOLDFOR", b"HOLDUNTIL")]
     if not holds:
         return None
+    if not available:
+        raise Refused(R_UNAVAILABLE)
     if not allowed:
         raise Refused(R_DENIED)
     if len(holds) > 1:
@@ -66,10 +71,15 @@ def _epoch(text):
     if match is None:
         raise Refused(R_SYNTAX)
     year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
-    if not (1 <= month <= 12 and 1 <= day <= 31 and hour <= 23 and minute <= 59 and second <= 60):
+    if not (year >= 1 and 1 <= month <= 12 and hour <= 23 and minute <= 59 and second <= 60):
+        raise Refused(R_SYNTAX)
+    if not 1 <= day <= calendar.monthrange(year, month)[1]:
         raise Refused(R_SYNTAX)
     epoch = calendar.timegm((year, month, day, hour, minute, min(second, 59), 0, 0, 0))
     if match.group(8) is not None:
-        offset = int(match.group(9)) * 3600 + int(match.group(10)) * 60
+        offset_hours, offset_minutes = int(match.group(9)), int(match.group(10))
+        if offset_hours > 23 or offset_minutes > 59:
+            raise Refused(R_SYNTAX)
+        offset = offset_hours * 3600 + offset_minutes * 60
         epoch -= offset if match.group(8) == b"+" else -offset
     return epoch

@@ -259,12 +259,17 @@ class Session:
         if self.tls is not None and self.auth_offered():
             from qmailpy.smtpd.auth import MECHANISMS
             self.out += b"250-AUTH " + MECHANISMS + b"\r\n"
-        if self.cfg.relayclient is not None:
-            from qmailpy.smtpd.futurerelease import keyword
+        if self.may_hold() or (self.tls is not None and self.auth_offered()):
+            from qmailpy.smtpd.futurerelease import keyword     # (holds after AUTH too)
             self.out += b"250-" + keyword(time.time()) + b"\r\n"
         self.out += b"250-SMTPUTF8\r\n250 8BITMIME\r\n"
         self.seenmail = False
         self.dohelo(arg)
+
+    def may_hold(self):
+        """FUTURERELEASE is for clients allowed to relay, and only where the hold reaches
+        the queue: not through a $QMAILQUEUE program, which may not read $QMAILNOTBEFORE."""
+        return self.cfg.relayclient is not None and "QMAILQUEUE" not in self.environ
 
     # -- STARTTLS and AUTH -------------------------------------------------
     def can_tls(self):
@@ -444,7 +449,8 @@ class Session:
         if b"HOLD" in rest.upper():
             from qmailpy.smtpd.futurerelease import Refused, hold_parameter
             try:
-                hold_until = hold_parameter(rest, time.time(), self.cfg.relayclient is not None)
+                hold_until = hold_parameter(rest, time.time(), self.cfg.relayclient is not None,
+                                            "QMAILQUEUE" not in self.environ)
             except Refused as e:
                 self.seenmail = False
                 self.rcpt = []
