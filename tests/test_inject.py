@@ -271,6 +271,17 @@ def test_fuzzed_messages_are_queued_whole_or_refused_with_100(qmail_home, header
     assert mess_count(qmail_home) == after
 
 
+@pytest.mark.both_backends
+def test_an_address_with_a_nul_byte_is_refused_before_queueing(qmail_home):
+    """Found by the fuzz test above: 'To: <NUL>' became the recipient '\\0@host', which
+    qmail-queue read as a broken envelope (91, 'qq internal bug') and, as qmail does for 91,
+    left its files to the 36-hour cleanup."""
+    done = inject(qmail_home, b"To: \0\n\nbody\n", "-H", "r@test.example")
+    assert done.returncode == 100
+    assert done.stderr.startswith(b"qmail-inject: fatal: unable to queue address ")
+    assert queued(qmail_home) == [] and mess_count(qmail_home) == 0
+
+
 def test_F_option_names_the_sender_above_the_environment(qmail_home):
     lines = header_of(printed(qmail_home, b"\nb\n", "-F", "Given Name", QMAILNAME="Env Name"))
     assert lines[3] == b'From: "Given Name" <joe@test.example>'

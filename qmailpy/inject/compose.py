@@ -121,6 +121,10 @@ def compose(header, settings, strategy=DEFAULT, args=(), sender=None, now=None, 
     if header_recipients:
         recipients.extend(from_header)
     recipients = [r for r in recipients if r]
+    for address in [envelope_sender] + recipients:
+        if b"\0" in address:           # qmail-queue's envelope ends addresses with NUL
+            raise InjectError(100, "unable to queue address %r: it contains a NUL byte"
+                              % address.decode("utf-8", "replace"))
     return Composed(b"".join(added) + b"".join(raw for _, raw in kept),
                     envelope_sender, recipients)
 
