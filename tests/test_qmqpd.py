@@ -240,6 +240,19 @@ def test_queue_client_uses_the_server_only_without_queue_rights(qmail_home):
     assert type(QueueClient(qmail_home.path, {})).__name__ == "ForkedQueue"
 
 
+@pytest.mark.both_backends
+def test_an_address_with_a_nul_byte_gets_the_servers_answer_without_the_server(qmail_home, server):
+    """Through qmail-qmqpd or a forked qmail-queue (a forward, a bounce): an address holding a
+    NUL is refused the same way, and nothing is left behind (qmail-queue itself would read a
+    broken envelope, exit 91 and leave its files to the 36-hour cleanup)."""
+    from qmailpy.queue.client import ForkedQueue
+    for client in (ServerSubmission(qmail_home.path), ForkedQueue(qmail_home.path)):
+        client.write(b"x\n")
+        result = client.finish(b"a@b", [b"c@d", b"e\0f@g"])
+        assert (result.permanent, result.text) == (True, b"sorry, I can't accept addresses like that (#5.1.3)")
+    wait_until(lambda: empty_queue(qmail_home))
+
+
 def test_netstring_coding():
     assert netstring(b"abc") == b"3:abc,"
     assert request(b"m", b"s", [b"r"]) == b"12:1:m,1:s,1:r,,"

@@ -42,6 +42,8 @@ from qmailpy.fileio import write_all
 from qmailpy.home import has_queue_rights
 
 _BUFFER = 65536
+# qmail-qmqpd's answer to an address holding a NUL, which qmail-queue's envelope cannot carry
+ADDRESS_REFUSED = b"Dsorry, I can't accept addresses like that (#5.1.3)"
 
 # Texts of qmail.c's qmail_close(), class letter first (docs/protocols.md "qmail-queue interface").
 _TEXTS = {
@@ -286,6 +288,11 @@ class ForkedQueue:
     def finish(self, sender, recipients):
         """Close the message, send the envelope, wait; a Result."""
         if self._result is not None:
+            return self._result
+        if b"\0" in sender or any(b"\0" in rcpt for rcpt in recipients):
+            # the envelope would break (qmail-queue's 91, which leaves its files behind)
+            self.abort()
+            self._result = Result(code_of(ADDRESS_REFUSED), self.pid, ADDRESS_REFUSED)
             return self._result
         if not self._write_error:
             self._flush()

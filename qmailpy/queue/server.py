@@ -25,7 +25,7 @@ import time
 
 from qmailpy.workerserver import DEFAULT_MAX_IDLE, DEFAULT_MAX_USE, REFUSED, WorkerServer
 from qmailpy.mess import MAX_HOLD
-from qmailpy.queue.client import explain
+from qmailpy.queue.client import ADDRESS_REFUSED, explain
 from qmailpy.queue.qmqp import MAX_OPTION, NOT_QMQP, netstring, parse_option
 
 DEFAULT_LIMIT = 40            # requests served at once; more connections wait in the backlog
@@ -37,7 +37,7 @@ R_TRUNCATED = b"Zthe QMQP request ended early (#4.3.0)"
 R_TIMEOUT = b"Ztimeout reading the QMQP request (#4.4.2)"
 R_SYNTAX = NOT_QMQP
 R_SIZE = b"Dsorry, that message size exceeds my databytes limit (#5.3.4)"
-R_ADDRESS = b"Dsorry, I can't accept addresses like that (#5.1.3)"
+R_ADDRESS = ADDRESS_REFUSED
 R_CONTROLS = b"Zunable to read controls (#4.3.0)"
 R_HOLD = b"Dsorry, that hold is longer than I allow (#5.5.4)"
 
