@@ -37,7 +37,8 @@ import time
 from inotify_simple import INotify, flags
 
 from deliver import make_home, start_send
-from sendmail_postfix import cpu_snapshot, install_postfix, postfix_version, run_command
+from sendmail_postfix import (cpu_per_message, cpu_snapshot, install_postfix, postfix_version,
+                              print_summary, report_round, run_command)
 
 SINK_PORT = 2626
 DOMAIN = "sink.example"
@@ -101,7 +102,7 @@ def qmailpy_round(base, backend, args):
     finally:
         send.send_signal(signal.SIGTERM)
         send.wait(timeout=120)
-    return args.n / (last - start), per_message(before, after, args.n)
+    return args.n / (last - start), cpu_per_message(before, after, args.n)
 
 
 def postfix_round(args):
@@ -144,19 +145,7 @@ def postfix_round(args):
         after = cpu_snapshot([master])
     finally:
         subprocess.run(["postfix", "stop"], capture_output=True)
-    return args.n / (last - start), per_message(before, after, args.n)
-
-
-def per_message(before, after, n):
-    return {label: (seconds - before.get(label, 0)) * 1000 / n
-            for label, seconds in after.items() if seconds - before.get(label, 0) > 0}
-
-
-def report(name, rate, cpu):
-    print("%-22s %8.1f messages/s   CPU ms/message %.2f: %s" % (
-        name, rate, sum(cpu.values()), ", ".join(
-            "%s %.2f" % kv for kv in sorted(cpu.items(), key=lambda kv: -kv[1]))))
-    sys.stdout.flush()
+    return args.n / (last - start), cpu_per_message(before, after, args.n)
 
 
 def main():
@@ -186,20 +175,14 @@ def main():
         for k in range(args.rounds):
             for backend in backends:
                 rate, cpu = qmailpy_round(base, backend, args)
-                report("qmailpy (%s) r%d" % (backend, k + 1), rate, cpu)
+                report_round("qmailpy (%s) r%d" % (backend, k + 1), rate, cpu)
                 results.setdefault("qmailpy (%s)" % backend, []).append(rate)
             if not args.no_postfix:
                 rate, cpu = postfix_round(args)
                 name = "Postfix %s" % postfix_version()
-                report("%s r%d" % (name, k + 1), rate, cpu)
+                report_round("%s r%d" % (name, k + 1), rate, cpu)
                 results.setdefault(name, []).append(rate)
-        print("== summary (messages/s by round)")
-        reference = next((r for name, r in results.items() if name.startswith("Postfix")), None)
-        for name, rates in results.items():
-            line = "%-22s %s" % (name, "  ".join("%.1f" % r for r in rates))
-            if reference and not name.startswith("Postfix"):
-                line += "   %.2fx Postfix" % (sum(rates) / sum(reference))
-            print(line)
+        print_summary(results)
     finally:
         sink.send_signal(signal.SIGTERM)
         sink.wait()

@@ -157,6 +157,31 @@ def cpu_snapshot(pids):
     return found
 
 
+def cpu_per_message(before, after, n):
+    """{label: CPU ms per message} between two cpu_snapshot()s, for labels that used any."""
+    return {label: (seconds - before.get(label, 0)) * 1000 / n
+            for label, seconds in after.items() if seconds - before.get(label, 0) > 0}
+
+
+def report_round(name, rate, cpu):
+    """One round's line: its rate and the CPU per message by process, largest first."""
+    print("%-22s %8.1f messages/s   CPU ms/message %.2f: %s" % (
+        name, rate, sum(cpu.values()), ", ".join(
+            "%s %.2f" % kv for kv in sorted(cpu.items(), key=lambda kv: -kv[1]))))
+    sys.stdout.flush()
+
+
+def print_summary(results):
+    """{system name: [rate by round]}: one line each, qmailpy's as a ratio to Postfix's."""
+    print("== summary (messages/s by round)")
+    reference = next((rates for name, rates in results.items() if name.startswith("Postfix")), None)
+    for name, rates in results.items():
+        line = "%-22s %s" % (name, "  ".join("%.1f" % r for r in rates))
+        if reference and not name.startswith("Postfix"):
+            line += "   %.2fx Postfix" % (sum(rates) / sum(reference))
+        print(line)
+
+
 def measure(name, argv, env, daemon_pids, maildir, args, base):
     """Submit and wait for every arrival; print and return (rate, CPU ms by process)."""
     new = os.path.join(maildir, "new")

@@ -38,8 +38,9 @@ import psutil
 from inotify_simple import INotify, flags
 
 from deliver import make_home, start_qmqpd, start_send
-from sendmail_postfix import (ACCOUNT, DOMAIN, POSTFIX_SETTINGS, add_account, cpu_snapshot,
-                              install_postfix, postfix_version, run_command)
+from sendmail_postfix import (ACCOUNT, DOMAIN, POSTFIX_SETTINGS, add_account, cpu_per_message,
+                              cpu_snapshot, install_postfix, postfix_version, print_summary,
+                              report_round, run_command)
 
 QMAILPY_PORTS = {"dir": 2525, "log": 2526}
 POSTFIX_PORT = 25
@@ -159,16 +160,8 @@ def one_round(system, args, trace=False):
     if arrived < args.n or source.returncode != 0:
         raise SystemExit("%s: %d of %d arrived; smtp-source exit %d: %s" % (
             system.name, arrived, args.n, source.returncode, source_err.decode(errors="replace")[-1000:]))
-    cpu = {label: (seconds - before.get(label, 0)) * 1000 / args.n
-           for label, seconds in after.items() if seconds - before.get(label, 0) > 0}
+    cpu = cpu_per_message(before, after, args.n)
     return args.n / (last - start), cpu, (None if fsyncs is None else fsyncs / args.n)
-
-
-def report(name, rate, cpu):
-    print("%-22s %8.1f messages/s   CPU ms/message %.2f: %s" % (
-        name, rate, sum(cpu.values()), ", ".join(
-            "%s %.2f" % kv for kv in sorted(cpu.items(), key=lambda kv: -kv[1]))))
-    sys.stdout.flush()
 
 
 def main():
@@ -203,13 +196,13 @@ def main():
                 if k == 0:
                     systems.append(system)
                 rate, cpu, _ = one_round(system, args)
-                report("%s r%d" % (system.name, k + 1), rate, cpu)
+                report_round("%s r%d" % (system.name, k + 1), rate, cpu)
                 results.setdefault(system.name, []).append(rate)
             if not args.no_postfix:
                 postfix = Postfix(maildir)
                 try:
                     rate, cpu, _ = one_round(postfix, args)
-                    report("%s r%d" % (postfix.name, k + 1), rate, cpu)
+                    report_round("%s r%d" % (postfix.name, k + 1), rate, cpu)
                     results.setdefault(postfix.name, []).append(rate)
                 finally:
                     postfix.stop()
@@ -222,13 +215,7 @@ def main():
                     print("%s: %.2f fsyncs per message" % (postfix.name, one_round(postfix, args, True)[2]))
                 finally:
                     postfix.stop()
-        print("== summary (messages/s by round)")
-        reference = next((rates for name, rates in results.items() if name.startswith("Postfix")), None)
-        for name, rates in results.items():
-            line = "%-22s %s" % (name, "  ".join("%.1f" % r for r in rates))
-            if reference and not name.startswith("Postfix"):
-                line += "   %.2fx Postfix" % (sum(rates) / sum(reference))
-            print(line)
+        print_summary(results)
     finally:
         for system in systems:
             system.stop()

@@ -29,6 +29,16 @@ def route(addr):
     return ("local" if addr.endswith(LOCAL_DOMAIN) else "remote"), addr
 
 
+def started(home):
+    """A LogQueue as qmail-send holds it after startup, its new work preprocessed."""
+    from qmailpy.backends.logqueue import LogQueue
+    lq = LogQueue(home, runner_lags=(0,))
+    lq.startup()
+    for n in lq.new_work():
+        lq.preprocess(n, route)
+    return lq
+
+
 def deliver_all(lq, deliveries_path, now=None, fail=(), defer=(), limit=1000):
     """Run passes until nothing is due: the number of passes made."""
     passes = 0

@@ -19,9 +19,8 @@ from qmailpy.smtpd.futurerelease import (R_DENIED, R_SYNTAX, R_TOO_LONG, R_UNAVA
                                          hold_parameter)
 from qmqpd_harness import QmqpServer, ask, netstring, request
 from queue_view import queued
-from test_smtpd_support import SmtpdProcess
+from test_smtpd_dialogue import session
 
-GREETING = b"220 test.example ESMTP\r\n"
 NOW = 1_800_000_000
 
 
@@ -54,12 +53,6 @@ def test_hold_parameters_parse_as_rfc_4865_says():
     with pytest.raises(Refused) as e:
         hold_parameter(b"HOLDFOR=60", NOW, True, available=False)
     assert e.value.reply == R_UNAVAILABLE
-
-
-def session(home, **env):
-    s = SmtpdProcess(home, **env)
-    assert s.reply() == GREETING
-    return s
 
 
 def test_a_relay_client_holds_its_message_with_holdfor(qmail_home):

@@ -38,6 +38,8 @@ def test_links_made_while_a_sync_runs_share_the_next_one(tmp_path):
                 os._exit(code)
         children.append(pid)
     deadline = time.monotonic() + TIMEOUT
+    # a process blocking on a lock raises no event (inotify, a pipe) one could wait on, so
+    # /proc/locks is read until the five waiters show there, within the deadline
     while blocked_on_locks() < before + 5:              # every child linked and is waiting
         assert time.monotonic() < deadline
         time.sleep(0.01)

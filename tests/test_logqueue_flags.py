@@ -13,9 +13,8 @@ from qmailpy.backends import logrecords as R
 from qmailpy.backends import logrecovery
 from qmailpy.backends.logcommit import segment_name
 from qmailpy.backends.logenqueue import enqueue
-from qmailpy.backends.logqueue import LogQueue
 
-from logqueue_harness import make_queue, route
+from logqueue_harness import make_queue, started
 
 
 def checkpoint_bytes(home):
@@ -32,10 +31,7 @@ def test_a_flag_not_written_is_kept_and_puts_the_checkpoint_off(tmp_path, monkey
     queue = os.path.join(home, "queue")
     n = enqueue(queue, b"m\n", b"s@x.example", [b"r@r.example"])
     t = int(time.time())
-    lq = LogQueue(home, runner_lags=(0,))
-    lq.startup()
-    for m in lq.new_work():
-        lq.preprocess(m, route)
+    lq = started(home)
     lq.mark_done(n, "remote", lq.recipients(n, "remote")[0])
     lq.finish_channel(n, "remote")
     lq.complete(n)

@@ -15,10 +15,9 @@ import os
 import time
 
 from qmailpy.backends.logenqueue import enqueue
-from qmailpy.backends.logqueue import LogQueue
 from qmailpy.backends.logrunners import FLUSH_IN_FLIGHT
 
-from logqueue_harness import make_queue, route
+from logqueue_harness import make_queue, started
 
 
 def test_a_paused_sweep_does_not_offer_a_message_finished_meanwhile(tmp_path):
@@ -29,10 +28,7 @@ def test_a_paused_sweep_does_not_offer_a_message_finished_meanwhile(tmp_path):
             for i in range(FLUSH_IN_FLIGHT)]
     b = enqueue(queue, b"b\n", b"s@x.example", [b"b@r.example"])
     t = int(time.time())
-    lq = LogQueue(home, runner_lags=(0,))
-    lq.startup()
-    for n in lq.new_work():
-        lq.preprocess(n, route)
+    lq = started(home)
     for n in many:                            # deferred until much later
         lq.recipients(n, "remote")
         lq.reschedule(n, "remote", t + 1000)
