@@ -259,17 +259,18 @@ class Session:
         if self.tls is not None and self.auth_offered():
             from qmailpy.smtpd.auth import MECHANISMS
             self.out += b"250-AUTH " + MECHANISMS + b"\r\n"
-        if self.may_hold() or (self.tls is not None and self.auth_offered()):
+        if self.hold_reaches_queue() and (self.cfg.relayclient is not None
+                                          or (self.tls is not None and self.auth_offered())):
             from qmailpy.smtpd.futurerelease import keyword     # (holds after AUTH too)
             self.out += b"250-" + keyword(time.time()) + b"\r\n"
         self.out += b"250-SMTPUTF8\r\n250 8BITMIME\r\n"
         self.seenmail = False
         self.dohelo(arg)
 
-    def may_hold(self):
-        """FUTURERELEASE is for clients allowed to relay, and only where the hold reaches
-        the queue: not through a $QMAILQUEUE program, which may not read $QMAILNOTBEFORE."""
-        return self.cfg.relayclient is not None and "QMAILQUEUE" not in self.environ
+    def hold_reaches_queue(self):
+        """FUTURERELEASE only where the hold reaches the queue: not through a $QMAILQUEUE
+        program, which may not read $QMAILNOTBEFORE."""
+        return "QMAILQUEUE" not in self.environ
 
     # -- STARTTLS and AUTH -------------------------------------------------
     def can_tls(self):
@@ -450,7 +451,7 @@ class Session:
             from qmailpy.smtpd.futurerelease import Refused, hold_parameter
             try:
                 hold_until = hold_parameter(rest, time.time(), self.cfg.relayclient is not None,
-                                            "QMAILQUEUE" not in self.environ)
+                                            self.hold_reaches_queue())
             except Refused as e:
                 self.seenmail = False
                 self.rcpt = []
