@@ -24,6 +24,7 @@ import os
 import signal
 
 from qmailpy import workers
+from qmailpy.environ import replace as replace_environ
 from qmailpy.local import users
 from qmailpy.local import deliver as local_deliver
 
@@ -99,12 +100,14 @@ def _worker_main(channel, key, home, aliasempty, base_environ):
         if os.getuid() == 0:
             return _refuse_all(channel, QLX_ROOT)
     limits = _limits()
+    installed = None                # the environment as the last delivery left it
     while True:
         job = workers.next_job(channel, 2)
         if job is None:
             return 0
         payload, fds = job
-        code = _deliver(home, aliasempty, base_environ, marshal.loads(payload), fds)
+        installed = replace_environ(os.environb, base_environ, installed)
+        code = _deliver(home, aliasempty, marshal.loads(payload), fds)
         try:
             workers.send(channel, b"%d" % code)
         except OSError:
@@ -138,7 +141,7 @@ def _refuse_all(channel, code):
             return 0
 
 
-def _deliver(home, aliasempty, base_environ, fields, fds):
+def _deliver(home, aliasempty, fields, fds):
     """One delivery with the message on fd 0 and the report pipe on fds 1 and 2."""
     user, homedir, local, dash, ext, domain, sender = fields
     messfd, out_w = fds
@@ -147,8 +150,6 @@ def _deliver(home, aliasempty, base_environ, fields, fds):
     os.dup2(out_w, 2)
     os.close(messfd)
     os.close(out_w)
-    os.environb.clear()
-    os.environb.update(base_environ)
     code = 111
     try:
         os.chdir(home)

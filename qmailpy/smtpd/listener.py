@@ -23,6 +23,7 @@ worker, so one client cannot take every session slot.
 import os
 import socket
 
+from qmailpy.environ import replace as replace_environ
 from qmailpy.workerserver import DEFAULT_MAX_IDLE, DEFAULT_MAX_USE, REFUSED, WorkerServer
 from qmailpy.smtpd.tcpenv import unmapped
 
@@ -49,6 +50,7 @@ class Listener(WorkerServer):
         self.warn = warn
         self.local_host = local_host
         self.environ = dict(os.environ if environ is None else environ)
+        self._installed = None          # in a worker: the environment its last session had
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -120,8 +122,7 @@ class Listener(WorkerServer):
         os.dup2(conn.fileno(), 0)
         os.dup2(conn.fileno(), 1)
         conn.close()
-        os.environ.clear()
-        os.environ.update(env)
+        self._installed = replace_environ(os.environ, env, self._installed)
         return self.handler(env)
 
 
