@@ -57,14 +57,24 @@ class ReplyReader:
 
     def feed(self, data):
         replies = []
-        for ch in data:
-            if ch == 0 and len(self._buf) >= 1:
-                line = bytes(self._buf)
-                self._buf.clear()
-                replies.append((line[0], line[1:2], line[2:]))
+        buf = self._buf
+        pos, size = 0, len(data)
+        while pos < size:
+            if not buf:                 # the slot: any byte, NUL too
+                buf.append(data[pos])
+                pos += 1
                 continue
-            if len(self._buf) < REPORT_MAX:
-                self._buf.append(ch)
+            end = data.find(b"\0", pos)
+            stop = size if end < 0 else end
+            room = REPORT_MAX - len(buf)
+            if room > 0:
+                buf += data[pos:min(stop, pos + room)]
+            if end < 0:
+                break
+            line = bytes(buf)
+            buf.clear()
+            replies.append((line[0], line[1:2], line[2:]))
+            pos = end + 1
         return replies
 
 
@@ -87,13 +97,18 @@ class CommandReader:
 
     def feed(self, data):
         commands = []
-        for ch in data:
+        pos, size = 0, len(data)
+        while pos < size:
             if self._slot is None:
-                self._slot = ch
+                self._slot = data[pos]
+                pos += 1
                 continue
-            if ch:
-                self._cur.append(ch)
-                continue
+            end = data.find(b"\0", pos)
+            if end < 0:
+                self._cur += data[pos:]
+                break
+            self._cur += data[pos:end]
+            pos = end + 1
             self._fields.append(bytes(self._cur))
             self._cur.clear()
             if len(self._fields) == 3:

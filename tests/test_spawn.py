@@ -4,6 +4,8 @@ import subprocess
 import sys
 import textwrap
 
+from hypothesis import given, settings, strategies as st
+
 from qmailpy import spawn
 
 SPAWNER = textwrap.dedent("""
@@ -83,3 +85,43 @@ def test_truncate_report():
     assert spawn.truncate_report(b"x" * 3000) == b"x" * 3000
     cut = spawn.truncate_report(b"x" * 3001)
     assert cut == b"x" * 2966 + b"\nError report too long, sorry.\n" and len(cut) == 2997
+
+
+def _fed_in_pieces(reader, stream, cuts):
+    out = []
+    start = 0
+    for cut in sorted(set(cuts)) + [len(stream)]:
+        out += reader.feed(stream[start:cut])
+        start = cut
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 255), st.binary(max_size=40)), max_size=8),
+       st.lists(st.integers(0, 400), max_size=12))
+def test_reply_reader_reads_the_same_however_the_stream_is_cut(replies, cuts):
+    stream = b"".join(bytes((slot,)) + text.replace(b"\0", b"") + b"\0" for slot, text in replies)
+    whole = [(slot, t[:1], t[1:]) for slot, t in ((s, x.replace(b"\0", b"")) for s, x in replies)]
+    assert _fed_in_pieces(spawn.ReplyReader(), stream, cuts) == whole
+    assert _fed_in_pieces(spawn.ReplyReader(), stream, range(len(stream))) == whole
+
+
+def test_reply_reader_keeps_at_most_report_max_bytes_of_a_reply():
+    reader = spawn.ReplyReader()
+    long_reply = b"\x07K" + b"y" * (spawn.REPORT_MAX * 2) + b"\0\x08Zshort\0"
+    replies = _fed_in_pieces(reader, long_reply, range(0, len(long_reply), 4093))
+    assert replies[0][:2] == (7, b"K") and len(replies[0][2]) == spawn.REPORT_MAX - 2
+    assert replies[1] == (8, b"Z", b"short")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 255), st.binary(max_size=20), st.binary(max_size=20),
+                          st.binary(max_size=20)), max_size=6),
+       st.lists(st.integers(0, 300), max_size=12))
+def test_command_reader_reads_the_same_however_the_stream_is_cut(commands, cuts):
+    clean = [(slot, m.replace(b"\0", b""), s.replace(b"\0", b""), r.replace(b"\0", b""))
+             for slot, m, s, r in commands]
+    stream = b"".join(bytes((slot,)) + m + b"\0" + s + b"\0" + r + b"\0" for slot, m, s, r in clean)
+    for pieces in (cuts, range(len(stream))):
+        got = _fed_in_pieces(spawn.CommandReader(), stream, pieces)
+        assert [(c.slot, c.messid, c.sender, c.recipient) for c in got] == clean
