@@ -97,6 +97,7 @@ class Session:
         self.authenticated = None   # the user name after a successful AUTH
         self.auth_failures = 0
         self._checkpassword = None
+        self._in_poll = self._out_poll = None
 
     # -- I/O -------------------------------------------------------------
     def _wait_ms(self):
@@ -113,8 +114,7 @@ class Session:
         if self.tls is not None:
             return self._flush_tls()
         view = memoryview(self.out)
-        poller = select.poll()
-        poller.register(self.out_fd, select.POLLOUT)
+        poller = self._poller("_out_poll", self.out_fd, select.POLLOUT)
         try:
             while view:
                 wait = self._wait_ms()
@@ -153,9 +153,17 @@ class Session:
     def _timed_out(self):
         return _End(1, R_TIMEOUT, deadline=self.until is not None and time.monotonic() >= self.until)
 
+    def _poller(self, name, fd, event):
+        """One poll object per direction for the whole session."""
+        poller = getattr(self, name)
+        if poller is None:
+            poller = select.poll()
+            poller.register(fd, event)
+            setattr(self, name, poller)
+        return poller
+
     def _read(self):
-        poller = select.poll()
-        poller.register(self.in_fd, select.POLLIN)
+        poller = self._poller("_in_poll", self.in_fd, select.POLLIN)
         wait = self._wait_ms()
         if not wait or not poller.poll(wait):
             raise self._timed_out()
