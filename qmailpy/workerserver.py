@@ -119,7 +119,6 @@ class WorkerServer:
             if ready is not None:
                 ready()
             while not self._stop:
-                self._reap()
                 self._watch(bool(self.idle) or len(self.pool) < self.limit)
                 try:
                     events = self._selector.select(self.idle.timeout())
@@ -127,10 +126,12 @@ class WorkerServer:
                     continue
                 # Workers' reports first: a connection just ended frees its slot (and its
                 # client's count) before the next one is accepted.
-                events.sort(key=lambda event: not isinstance(event[0].data, workers.Worker))
+                if len(events) > 1:
+                    events.sort(key=lambda event: not isinstance(event[0].data, workers.Worker))
                 for key, _ in events:
-                    if key.data is None:
+                    if key.data is None:        # a signal: SIGCHLD (reap), SIGTERM, SIGINT
                         _drain(wake_r)
+                        self._reap()
                     elif isinstance(key.data, workers.Worker):
                         if key.data.fileno() in self.pool:
                             self._from_worker(key.data)

@@ -162,34 +162,6 @@ def test_allow_rule_with_relayclient_lets_that_client_relay(qmail_home):
 
 
 
-def test_one_worker_gives_each_session_exactly_its_own_environment(qmail_home):
-    # -c 1: one session worker serves both sessions. Its environment is set per session by
-    # changing only what differs (qmailpy.environ), so a rule's variable of the first
-    # client must be gone for the second, and each sees its own port, in the environment a
-    # $QMAILQUEUE program inherits.
-    script = os.path.join(qmail_home.path, "envqueue")
-    with open(script, "w") as f:
-        f.write('#!/bin/sh\ncat >/dev/null\nprintf "D%s|%s|%s|%s" "${FIRSTONLY-unset}" '
-                '"${BOTH-unset}" "$TCPREMOTEIP" "$TCPREMOTEPORT" >&6\nexit 82\n')
-    os.chmod(script, 0o755)
-    write_rules(qmail_home, '127.0.0.1:allow,FIRSTONLY="one",BOTH="a"\n127.0.0.2:allow,BOTH="b"\n')
-    env = dict(no_relay_env(qmail_home), QMAILQUEUE=script)
-    answers = []
-    with ListenerProcess(qmail_home, "-c", "1", env=env) as listener:
-        for source in ("127.0.0.1", "127.0.0.2", "127.0.0.1"):
-            with smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT,
-                              source_address=(source, 0)) as client:
-                client.mail("a@b.example")
-                client.rcpt("x@test.example")
-                code, text = client.data(b"hi\r\n")
-                answers.append((code, text, client.sock.getsockname()[1]))
-        assert listener.stop() == 0
-    (c1, t1, p1), (c2, t2, p2), (c3, t3, p3) = answers
-    assert (c1, c2, c3) == (554, 554, 554)
-    assert t1 == b"one|a|127.0.0.1|%d" % p1
-    assert t2 == b"unset|b|127.0.0.2|%d" % p2
-    assert t3 == b"one|a|127.0.0.1|%d" % p3
-
 def test_deny_rule_closes_the_connection_before_the_greeting(qmail_home):
     # The exact address wins over the prefix, whatever the order of the lines (as in tcpserver).
     write_rules(qmail_home, '127.:deny\n127.0.0.1:allow,RELAYCLIENT=""\n')

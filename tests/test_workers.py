@@ -91,6 +91,26 @@ def test_a_session_worker_retires_after_its_uses(qmail_home):
         assert pids[0] == pids[1] != pids[2], pids
 
 
+
+def test_retired_session_workers_are_reaped(qmail_home):
+    # -n 1: every session retires its worker. The listener reaps a worker when its SIGCHLD
+    # wakes the loop; one left a zombie would never be gone.
+    with ListenerProcess(qmail_home, "-c", "1", "-n", "1") as listener:
+        seen = set()
+        for _ in range(4):
+            conn = greeted(listener.port)
+            seen |= workers_of(listener.proc.pid)
+            quit_(conn)
+        assert len(seen) == 4
+        retired = []
+        for pid in seen:
+            try:
+                retired.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass                        # reaped already
+        assert psutil.wait_procs(retired, timeout=TIMEOUT)[1] == []
+        assert listener.stop() == 0
+
 def test_an_idle_session_worker_retires(qmail_home):
     with ListenerProcess(qmail_home, "-c", "1", "-i", "1") as listener:
         conn = greeted(listener.port)
@@ -118,6 +138,34 @@ def test_rule_variables_do_not_outlive_their_session(qmail_home):
                 client.sendmail("me@test.example", ["far@elsewhere.example"], MESSAGE)
     assert [m.recipients for m in queued(qmail_home)] == [[b"far@elsewhere.example"]]
 
+
+def test_one_worker_gives_each_session_exactly_its_own_environment(qmail_home):
+    # -c 1: one session worker serves both sessions. Its environment is set per session by
+    # changing only what differs (qmailpy.environ), so a rule's variable of the first
+    # client must be gone for the second, and each sees its own port, in the environment a
+    # $QMAILQUEUE program inherits.
+    script = os.path.join(qmail_home.path, "envqueue")
+    with open(script, "w") as f:
+        f.write('#!/bin/sh\ncat >/dev/null\nprintf "D%s|%s|%s|%s" "${FIRSTONLY-unset}" '
+                '"${BOTH-unset}" "$TCPREMOTEIP" "$TCPREMOTEPORT" >&6\nexit 82\n')
+    os.chmod(script, 0o755)
+    qmail_home.control("smtpclients", '127.0.0.1:allow,FIRSTONLY="one",BOTH="a"\n127.0.0.2:allow,BOTH="b"\n')
+    env = dict(qmail_home.env, QMAILQUEUE=script)
+    answers = []
+    with ListenerProcess(qmail_home, "-c", "1", env=env) as listener:
+        for source in ("127.0.0.1", "127.0.0.2", "127.0.0.1"):
+            with smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT,
+                              source_address=(source, 0)) as client:
+                client.mail("a@b.example")
+                client.rcpt("x@test.example")
+                code, text = client.data(b"hi\r\n")
+                answers.append((code, text, client.sock.getsockname()[1]))
+        assert listener.stop() == 0
+    (c1, t1, p1), (c2, t2, p2), (c3, t3, p3) = answers
+    assert (c1, c2, c3) == (554, 554, 554)
+    assert t1 == b"one|a|127.0.0.1|%d" % p1
+    assert t2 == b"unset|b|127.0.0.2|%d" % p2
+    assert t3 == b"one|a|127.0.0.1|%d" % p3
 
 def test_a_session_worker_killed_mid_session_loses_that_session_only(qmail_home):
     with ListenerProcess(qmail_home, "-c", "1") as listener:
