@@ -311,6 +311,26 @@ def test_deliveries_to_one_account_share_a_worker(users):
     assert len(files) == 3                  # three names: one process, no clash, no wait
 
 
+
+def test_each_delivery_of_a_worker_gets_qmail_lspawns_environment_and_its_own_variables(users):
+    # A program's environment: qmail-lspawn's own (QPY_FROM_START here), then qmail-local's
+    # variables of this delivery; a worker passes its environment along from one delivery
+    # to the next without reading it back, so a second delivery must see its own EXT.
+    home = users.add("eve-", wildcard=True, dash="-")
+    users.dotqmail(home, "-default", '|echo "$QPY_FROM_START $EXT $DEFAULT $RECIPIENT"\n')
+    users.qh.env["QPY_FROM_START"] = "inherited"
+    try:
+        lspawn = Lspawn(users)
+        first = lspawn.deliver(b"eve-one@test.example")
+        second = lspawn.deliver(b"eve-two@test.example")
+        workers = workers_of(lspawn.proc.pid)
+        lspawn.close()
+    finally:
+        del users.qh.env["QPY_FROM_START"]
+    assert len(workers) == 1
+    assert first == (b"K", b"inherited one one eve-one@test.example\ndid 0+0+1\n")
+    assert second == (b"K", b"inherited two two eve-two@test.example\ndid 0+0+1\n")
+
 @pytest.mark.skipif(not AS_ROOT, reason="switching to two accounts needs root")
 def test_each_account_has_its_own_worker_with_its_own_uid(users, tmp_path):
     accounts = {"bob": 61001, "cat": 61002}

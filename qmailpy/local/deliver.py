@@ -114,11 +114,13 @@ def environment(user, homedir, local, ext, host, sender, dtline, rpline, uf):
 
 
 def deliver(user, homedir, local, dash, ext, host, sender, aliasempty,
-            flagdoit=True, home=None, msgfd=0, outfd=1, errfd=2):
-    """Run qmail-local; returns its exit status. All arguments are bytes."""
+            flagdoit=True, home=None, msgfd=0, outfd=1, errfd=2, environ=None):
+    """Run qmail-local; returns its exit status. All arguments are bytes. environ: a plain
+    dict of what os.environb holds (a delivery worker has it), to copy instead of reading
+    os.environb back."""
     try:
         return _deliver(user, homedir, local, dash, ext, host, sender, aliasempty,
-                        flagdoit, home, msgfd, outfd, errfd)
+                        flagdoit, home, msgfd, outfd, errfd, environ)
     except Failure as f:
         if f.text:
             _write(errfd, f.text + b"\n")
@@ -126,7 +128,7 @@ def deliver(user, homedir, local, dash, ext, host, sender, aliasempty,
 
 
 def _deliver(user, homedir, local, dash, ext, host, sender, aliasempty,
-             flagdoit, home, msgfd, outfd, errfd):
+             flagdoit, home, msgfd, outfd, errfd, environ):
     os.umask(0o077)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     if not homedir.startswith(b"/"):
@@ -150,7 +152,7 @@ def _deliver(user, homedir, local, dash, ext, host, sender, aliasempty,
     rpline = b"Return-Path: <" + quote2(sender).replace(b"\n", b"_") + b">\n"
     uf = ufline(sender, time.time())
 
-    env = dict(os.environb)
+    env = dict(os.environb if environ is None else environ)
     env.update(environment(user, homedir, local, ext, host, sender, dtline, rpline, uf))
     name, cmds, forward_only, default = dotqmail.find(dash, ext)
     if name is None and dash:

@@ -107,7 +107,7 @@ def _worker_main(channel, key, home, aliasempty, base_environ):
             return 0
         payload, fds = job
         installed = replace_environ(os.environb, base_environ, installed)
-        code = _deliver(home, aliasempty, marshal.loads(payload), fds)
+        code = _deliver(home, aliasempty, marshal.loads(payload), fds, installed)
         try:
             workers.send(channel, b"%d" % code)
         except OSError:
@@ -141,7 +141,7 @@ def _refuse_all(channel, code):
             return 0
 
 
-def _deliver(home, aliasempty, fields, fds):
+def _deliver(home, aliasempty, fields, fds, environ):
     """One delivery with the message on fd 0 and the report pipe on fds 1 and 2."""
     user, homedir, local, dash, ext, domain, sender = fields
     messfd, out_w = fds
@@ -154,7 +154,7 @@ def _deliver(home, aliasempty, fields, fds):
     try:
         os.chdir(home)
         code = local_deliver.deliver(user, homedir, local, dash, ext, domain, sender,
-                                     aliasempty, home=home)
+                                     aliasempty, home=home, environ=environ)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 111
     except OSError:
