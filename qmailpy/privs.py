@@ -99,11 +99,33 @@ def single_user_roles(name):
     return roles
 
 
+# path -> (signature, roles): a queueing or session worker asks for every message; the file
+# is read again whenever its inode, size, mtime or ctime differs.
+_roles_read = {}
+
+
 def load_roles(home):
     """{role: account or group name}; unknown roles in the file are ignored."""
+    path = os.path.join(home, ROLES_FILE)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return default_roles()
+    except OSError as e:
+        raise PrivError("unable to read %s: %s" % (ROLES_FILE, e.strerror)) from e
+    signature = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    known = _roles_read.get(path)
+    if known is not None and known[0] == signature:
+        return dict(known[1])
+    roles = _read_roles(path)
+    _roles_read[path] = (signature, roles)
+    return dict(roles)
+
+
+def _read_roles(path):
     roles = default_roles()
     try:
-        with open(os.path.join(home, ROLES_FILE), "rb") as f:
+        with open(path, "rb") as f:
             data = f.read()
     except FileNotFoundError:
         return roles
@@ -128,10 +150,14 @@ def write_roles(home, roles):
     lines = ["# role:account (user roles) and role:group (qmail, nofiles, qmaillog); see qmailpy.privs\n"]
     for role in USER_ROLES + GROUP_ROLES:
         lines.append("%s:%s\n" % (role, roles[role]))
+    # a new inode, renamed into place: a reader never sees half a file, and a process that
+    # read the old one sees the change (load_roles compares the inode, not only the times)
     path = os.path.join(home, ROLES_FILE)
-    with open(path, "w") as f:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
         f.writelines(lines)
-    os.chmod(path, 0o644)
+    os.chmod(tmp, 0o644)
+    os.rename(tmp, path)
 
 
 def single_user(roles):

@@ -30,3 +30,24 @@ def test_a_directory_or_an_unreadable_file_is_an_error_not_a_default(tmp_path):
     if os.geteuid() != 0:          # root reads it anyway
         with pytest.raises(ControlError, match="unable to read control/locals: Permission denied"):
             control_list(str(tmp_path), "locals")
+
+
+def test_roles_are_read_again_when_the_file_changes(tmp_path):
+    # A queueing worker keeps what it read of control/roles; a change must reach it,
+    # also one that keeps the file's size (written by qmailctl, or by an editor in place).
+    from qmailpy import privs
+    (tmp_path / "control").mkdir()
+    roles = tmp_path / "control" / "roles"
+    roles.write_text("qmaild:aaaa\n")
+    assert privs.load_roles(str(tmp_path))["qmaild"] == "aaaa"
+    privs.write_roles(str(tmp_path), dict(privs.load_roles(str(tmp_path)), qmaild="bbbb"))
+    assert privs.load_roles(str(tmp_path))["qmaild"] == "bbbb"
+    with open(roles, "r+") as f:             # in place, same size
+        text = f.read()
+        f.seek(0)
+        f.write(text.replace("qmaild:bbbb", "qmaild:cccc"))
+    os.utime(roles, ns=(1, 1))                # even with the old times put back: ctime moves
+    assert privs.load_roles(str(tmp_path))["qmaild"] == "cccc"
+    changed = privs.load_roles(str(tmp_path))
+    changed["qmaild"] = "mutated"             # a caller's copy, not the kept one
+    assert privs.load_roles(str(tmp_path))["qmaild"] == "cccc"

@@ -256,3 +256,61 @@ def test_an_address_with_a_nul_byte_gets_the_servers_answer_without_the_server(q
 def test_netstring_coding():
     assert netstring(b"abc") == b"3:abc,"
     assert request(b"m", b"s", [b"r"]) == b"12:1:m,1:s,1:r,,"
+
+
+def parse_request(data, piece):
+    """Read one QMQP request with qmail-qmqpd's parser from a socket pair whose other end sends
+    it `piece` bytes at a time (so the parser often finds a length cut in two); (message,
+    envelope records), or the answer of the failure."""
+    import threading
+    from qmailpy.queue.server import BadRequest, Request
+    ours, theirs = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+
+    def send():
+        for start in range(0, len(data), piece):
+            try:
+                theirs.sendall(data[start:start + piece])
+            except OSError:
+                return
+        theirs.shutdown(socket.SHUT_WR)
+    sender = threading.Thread(target=send)
+    sender.start()
+    request = Request(ours, time.monotonic() + 10)
+    try:
+        request.read_head(0)
+        message = b""
+        while True:
+            chunk = request.read_message()
+            if not chunk:
+                break
+            message += chunk
+        records = []
+        while True:
+            record = request.read_envelope()
+            if not record:
+                break
+            records.append(record)
+        return message, records
+    except BadRequest:
+        return request.failure
+    finally:
+        ours.close()
+        sender.join()
+        theirs.close()
+
+
+@pytest.mark.parametrize("data", [
+    request(b"Subject: x\n\nhi\n", b"a@example.org", [b"b@example.net", b"c@example.net"]),
+    b"12:1:m,1:s,1:r,,", b"13:01:m,1:s,1:r,,", b"12:1:m,1:s,1;r,,", b"12:1:m,1:s,x:r,,",
+    b"30:" + b"9" * 21 + b":m,1:s,,", b"9:1:m,1:s,1:r,,", b"12:1:m,1:s,:r,,", b"0:,",
+])
+def test_the_request_parser_reads_the_same_in_any_pieces(data):
+    whole = parse_request(data, len(data))
+    if data == b"12:1:m,1:s,1:r,,":
+        assert whole == (b"m", [b"Fs\0", b"Tr\0", b"\0"])
+    elif data.startswith((b"12:1:m,1:s,1;", b"12:1:m,1:s,x", b"30:", b"9:", b"12:1:m,1:s,:")):
+        from qmailpy.queue.server import R_SYNTAX
+        assert whole == R_SYNTAX
+    assert parse_request(data, 1) == whole
+    assert parse_request(data, 3) == whole

@@ -99,6 +99,12 @@ class Request:
             self.fail(R_SYNTAX)
 
     def _length(self, counted=True):
+        colon = self.buf.find(b":", 0, _MAX_DIGITS + 1)
+        if colon > 0 and self.buf[:colon].isdigit():         # the usual case: all buffered
+            if counted:
+                self._count(colon + 1)
+            length, self.buf = int(self.buf[:colon]), self.buf[colon + 1:]
+            return length
         digits = b""
         while True:
             ch = self._take(1)
