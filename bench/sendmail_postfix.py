@@ -55,6 +55,26 @@ def run_command(argv, **kw):
     return done
 
 
+def bench_dir():
+    """The run's temporary directory, its subdirectories spread over the file system as
+    top-level directories are (chattr +T, ext4's Orlov spreading): the queue home and each
+    account's Maildir in block groups of their own, as on a server (/var/qmail,
+    /var/spool/postfix, /home). Left in one group, every Maildir file would be made next
+    to the queue's deleted files, and ext4 without a journal (as on the machines these
+    benchmarks ran on) looks past each inode freed there in the last half minute before
+    it takes one: 0.3-0.5 ms per new file instead of 0.03 (measured)."""
+    base = tempfile.mkdtemp(prefix="qmailpy-bench-")
+    os.chmod(base, 0o755)
+    spread(base)
+    return base
+
+
+def spread(path):
+    """Subdirectories made in path from now on are placed as top-level ones (chattr +T);
+    a file system without the flag keeps its usual placement."""
+    subprocess.run(["chattr", "+T", path], capture_output=True)
+
+
 def install_postfix():
     if shutil.which("postfix") or os.path.exists("/usr/sbin/postfix"):
         return
@@ -292,8 +312,7 @@ def main():
         print("bench/sendmail_postfix.py must run as root (it installs Postfix and adds an account)",
               file=sys.stderr)
         return 2
-    base = tempfile.mkdtemp(prefix="qmailpy-bench-")
-    os.chmod(base, 0o755)
+    base = bench_dir()
     created = False
     try:
         install_postfix()

@@ -38,9 +38,9 @@ import psutil
 from inotify_simple import INotify, flags
 
 from deliver import make_home, start_qmqpd, start_send
-from sendmail_postfix import (ACCOUNT, DOMAIN, POSTFIX_SETTINGS, add_account, cpu_per_message,
-                              cpu_snapshot, install_postfix, postfix_version, print_summary,
-                              report_round, run_command)
+from sendmail_postfix import (ACCOUNT, DOMAIN, POSTFIX_SETTINGS, add_account, bench_dir,
+                              cpu_per_message, cpu_snapshot, install_postfix, postfix_version,
+                              print_summary, report_round, run_command, spread)
 
 QMAILPY_PORTS = {"dir": 2525, "log": 2526}
 POSTFIX_PORT = 25
@@ -65,6 +65,7 @@ class Qmailpy:
         self.dir = os.path.join(base, "qmailpy-" + backend)
         os.mkdir(self.dir)
         os.chmod(self.dir, 0o755)
+        spread(self.dir)            # the queue home and the Maildir apart (bench_dir)
         self.home, self.maildir, env = make_home(self.dir, "nobody", backend)
         self.rcpt = "bench@" + DOMAIN
         self.port = QMAILPY_PORTS[backend]
@@ -118,9 +119,9 @@ class Postfix:
 
 def one_round(system, args, trace=False):
     """Send N messages with smtp-source; (messages/s, {program: CPU ms/message}, fsyncs/message)."""
+    # Earlier rounds' files stay until the end: deleting them here would make this round's
+    # new files look past them for a free inode (bench_dir).
     new = os.path.join(system.maildir, "new")
-    for name in os.listdir(new):
-        os.unlink(os.path.join(new, name))
     ino = INotify()
     ino.add_watch(new, flags.CREATE | flags.MOVED_TO)
     tracer = out = None
@@ -177,8 +178,7 @@ def main():
     if os.geteuid() != 0:
         print("bench/smtp_postfix.py must run as root", file=sys.stderr)
         return 2
-    base = tempfile.mkdtemp(prefix="qmailpy-bench-")
-    os.chmod(base, 0o755)
+    base = bench_dir()
     created = False
     systems = []
     try:
