@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from test_smtpd_support import TIMEOUT, ListenerProcess, queued
+from test_smtpd_support import TIMEOUT, ListenerProcess, queued, reporting_queue
 
 REFUSED = (553, b"sorry, that domain isn't in my list of allowed rcpthosts (#5.7.1)")
 MESSAGE = b"Subject: relay\r\n\r\nhi\r\n"
@@ -35,12 +35,8 @@ def test_smtplib_sends_a_message_through_the_listener(qmail_home):
 
 def test_child_gets_the_tcpserver_environment(qmail_home):
     # A replacement qmail-queue reports the environment back through qmail's fd-6 protocol.
-    script = os.path.join(qmail_home.path, "envqueue")
-    with open(script, "w") as f:
-        f.write('#!/bin/sh\ncat >/dev/null\nprintf "D%s|%s|%s|%s|%s|%s" "$PROTO" "$TCPREMOTEIP" '
-                '"$TCPREMOTEPORT" "$TCPLOCALIP" "$TCPLOCALPORT" "$TCPLOCALHOST" >&6\nexit 82\n')
-    os.chmod(script, 0o755)
-    env = dict(qmail_home.env, QMAILQUEUE=script)
+    env = reporting_queue(qmail_home, "$PROTO", "$TCPREMOTEIP", "$TCPREMOTEPORT", "$TCPLOCALIP",
+                          "$TCPLOCALPORT", "$TCPLOCALHOST")
     with ListenerProcess(qmail_home, "-l", "mx.test.example", env=env) as listener:
         client = smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT)
         client.helo("c")

@@ -2,7 +2,6 @@
 They must meet control/smtpclients' IPv4 rules and keep their RELAYCLIENT, and be named
 by their IPv4 address; real IPv6 clients get PROTO=TCP6, as tcpserver's IPv6 version
 sets it. And control/maxrcpt bounds the recipients of one message."""
-import os
 import smtplib
 import socket
 import subprocess
@@ -10,7 +9,7 @@ import subprocess
 import pytest
 
 from test_listener import no_relay_env, relay, write_rules
-from test_smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess, queued
+from test_smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess, queued, reporting_queue
 
 
 def ipv6_loopback():
@@ -27,12 +26,7 @@ needs_ipv6 = pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback he
 
 def env_script(home):
     """A qmail-queue stand-in that reports the session's environment through fd 6."""
-    script = os.path.join(home.path, "envqueue")
-    with open(script, "w") as f:
-        f.write('#!/bin/sh\ncat >/dev/null\nprintf "D%s|%s|%s|%s" "$PROTO" "$TCPREMOTEIP" '
-                '"$TCP6REMOTEIP" "$TCPLOCALIP" >&6\nexit 82\n')
-    os.chmod(script, 0o755)
-    return dict(home.env, QMAILQUEUE=script)
+    return reporting_queue(home, "$PROTO", "$TCPREMOTEIP", "$TCP6REMOTEIP", "$TCPLOCALIP")
 
 
 def session_env(port, host):

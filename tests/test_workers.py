@@ -25,7 +25,7 @@ from lspawn_harness import maildir_files
 from qmailpy.queue.server import R_TOO_MANY
 from qmqpd_harness import QmqpServer, ask, connect, netstring, request
 from queue_view import queued
-from test_smtpd_support import TIMEOUT, ListenerProcess
+from test_smtpd_support import TIMEOUT, ListenerProcess, reporting_queue
 
 MESSAGE = b"Subject: w\r\n\r\nhi\r\n"
 GOOD = request(b"Subject: hi\n\nhello\n", b"a@example.org", [b"b@example.net"])
@@ -144,13 +144,9 @@ def test_one_worker_gives_each_session_exactly_its_own_environment(qmail_home):
     # changing only what differs (qmailpy.environ), so a rule's variable of the first
     # client must be gone for the second, and each sees its own port, in the environment a
     # $QMAILQUEUE program inherits.
-    script = os.path.join(qmail_home.path, "envqueue")
-    with open(script, "w") as f:
-        f.write('#!/bin/sh\ncat >/dev/null\nprintf "D%s|%s|%s|%s" "${FIRSTONLY-unset}" '
-                '"${BOTH-unset}" "$TCPREMOTEIP" "$TCPREMOTEPORT" >&6\nexit 82\n')
-    os.chmod(script, 0o755)
+    env = reporting_queue(qmail_home, "${FIRSTONLY-unset}", "${BOTH-unset}", "$TCPREMOTEIP",
+                          "$TCPREMOTEPORT")
     qmail_home.control("smtpclients", '127.0.0.1:allow,FIRSTONLY="one",BOTH="a"\n127.0.0.2:allow,BOTH="b"\n')
-    env = dict(qmail_home.env, QMAILQUEUE=script)
     answers = []
     with ListenerProcess(qmail_home, "-c", "1", env=env) as listener:
         for source in ("127.0.0.1", "127.0.0.2", "127.0.0.1"):
