@@ -258,21 +258,3 @@ def test_a_held_snapshot_is_never_due():
     assert R.schedule(held) == (R.REPLACEMENT, R.LIVE, 5, 9, None)
     assert R.schedule(free) == (R.REPLACEMENT, R.LIVE, 5, 9, {"local": 0})
     assert R.decode_one(held).held and not R.decode_one(free).held
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.sampled_from(["local", "remote"]),
-                       st.tuples(st.integers(0, 2**40), st.lists(st.tuples(st.booleans(), st.binary(max_size=12)), max_size=3)),
-                       max_size=2),
-       st.booleans(), st.tuples(st.integers(0, 2**31), st.integers(0, 2**40)))
-def test_counting_from_the_prefix_agrees_with_the_decoded_record(channels, held, prev):
-    # qmail-send counts states from each record's fixed prefix (count_prefix) and the
-    # recovery from decoded records (view_of): both must give the same view.
-    from qmailpy.backends import logcounts
-    frames = [R.encode_envelope(1, 7, 0, 1, b"s@x", [b"r@y"]),
-              R.encode_snapshot(R.PREPROCESSED, 1, 7, prev, 1, 2, 3, 4, b"s", b"", (), channels, held),
-              R.encode_snapshot(R.REPLACEMENT, 1, 7, prev, 1, 2, 3, 4, b"s", b"", tuple(channels), channels, held),
-              R.encode_start(1, 7, prev, "local"), R.encode_delivery(1, 7, "remote", 0, R.SUCCESS),
-              R.encode_bounce_note(1, 7, 1, b"x"), R.encode_finish(1, 7, prev)]
-    for frame in frames:
-        assert R.count_prefix(frame, 0) == logcounts.view_of(R.decode_one(frame, 0))

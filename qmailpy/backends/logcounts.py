@@ -28,24 +28,14 @@ COUNTS = "counts"
 _NOTHING = (0, 0, 0, 0, 0)
 
 
-def state_of(type, present=None):
-    """(new, preprocessed, local, remote, held) of a message whose newest record is of this
-    type; present: a snapshot's channel and HELD bits (logrecords.count_prefix)."""
-    if type == R.ENVELOPE:
+def state_of(rec):
+    """(new, preprocessed, local, remote, held) of a message whose newest record is rec."""
+    if rec.type == R.ENVELOPE:
         return (1, 0, 0, 0, 0)
-    if type in R.SNAPSHOTS:
-        return (0, 1, present & 1, (present >> 1) & 1, int(bool(present & R.HELD_BIT)))
-    return _NOTHING
-
-
-def view_of(rec):
-    """A decoded record's (type, present, prev), as logrecords.count_prefix reads it."""
-    present = None
     if rec.type in R.SNAPSHOTS:
-        present = ((1 if "local" in rec.channels else 0) | (2 if "remote" in rec.channels else 0)
-                   | (R.HELD_BIT if rec.fields.get("held") else 0))
-    prev = rec.fields.get("prev")
-    return rec.type, present, (None if prev is None else tuple(prev))
+        return (0, 1, int("local" in rec.channels), int("remote" in rec.channels),
+                int(bool(rec.fields.get("held"))))
+    return _NOTHING
 
 
 def counted(type):
@@ -60,15 +50,14 @@ class Counts:
         self.values = list(values)
         self.pos = pos
 
-    def delta(self, view, view_at):
-        """Apply one record, given as its (type, present, prev) view (count_prefix, view_of);
-        view_at(pos) reads the view of the record it supersedes."""
-        type, present, prev = view
-        now = state_of(type, present)
+    def delta(self, rec, read_at):
+        """Apply one record; read_at(pos) reads the record it supersedes."""
+        now = state_of(rec)
         before = _NOTHING
-        if prev is not None and prev != R.NOWHERE:
+        prev = rec.fields.get("prev")
+        if prev is not None and tuple(prev) != R.NOWHERE:
             try:
-                before = state_of(*view_at(prev)[:2])
+                before = state_of(read_at(tuple(prev)))
             except (QueueError, OSError, ValueError):
                 pass
         for i in range(len(FIELDS)):
@@ -91,17 +80,17 @@ class Counts:
         os.rename(tmp, os.path.join(logdir, COUNTS))
 
 
-def count_from(cur, counts, view_at, tail=None):
+def count_from(cur, counts, read_at, tail=None):
     """Add to counts every record from the cursor's position to tail (None: the log's
-    end), from each record's fixed prefix; the cursor ends past them."""
+    end), reading in full only the records that count; the cursor ends past them."""
     while tail is None or cur.pos < tail:
         head = cur.peek_schedule()
         if head is None:
             break
         if counted(head[0]):
-            view = cur.count_view_here()
-            if view is not None:
-                counts.delta(view, view_at)
+            rec = cur.decode_here()
+            if rec is not None:
+                counts.delta(rec, read_at)
         cur.skip(head[5])
     return counts
 

@@ -98,14 +98,6 @@ class Cursor:
             rec.pos = (self.seg, self.off)
         return rec
 
-    def count_view_here(self):
-        """(type, present, prev) of the record at the cursor (logrecords.count_prefix), or None."""
-        found = self._locate()
-        if found is None:
-            return None
-        buf, rel, _ = found
-        return R.count_prefix(buf, rel)
-
     def peek_schedule(self):
         """(type, flags, time, n, dues, length) of the record at the cursor, or None."""
         found = self._locate()

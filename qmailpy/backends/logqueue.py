@@ -106,9 +106,9 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
             type, flags, _, n, _, length = head
             pos = cur.pos
             if self.state_counts is not None and logcounts.counted(type):
-                view = cur.count_view_here()
-                if view is not None:
-                    self.state_counts.delta(view, self._view_at)
+                rec = cur.decode_here()
+                if rec is not None:
+                    self.state_counts.delta(rec, self._read_at)
             if type == R.ENVELOPE and n in self.replayed_clean:
                 # a new message on the number of a finished one whose body recovery
                 # has yet to remove: mess/S/n is the new message's now (logrecovery.py)

@@ -144,7 +144,7 @@ class LogReaders:
         if counts is None:
             return None
         cur = Cursor(_QuietReader(self), counts.pos)
-        logcounts.count_from(cur, counts, self._view_at)
+        logcounts.count_from(cur, counts, self._read_at)
         counts.pos = cur.pos
         return counts
 

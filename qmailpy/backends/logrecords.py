@@ -311,26 +311,6 @@ def frame_length(data, pos=0):
 
 
 _LIGHT = struct.Struct("<2sBBII" "IQ" "IQ" "BQQ")
-_FINISH_PREFIX = struct.Struct("<2sBBII" "IQ" "IQ")
-
-
-def count_prefix(data, pos=0):
-    """(type, present, prev) of a valid record, read from its fixed prefix, for counting
-    states without decoding it: present is a snapshot's channel and HELD bits (None for
-    other types), prev the position of the record a snapshot or FINISH supersedes (None
-    for other types). None for a snapshot with unknown channel bits, which decode_one
-    refuses too. The caller has checked the record with frame_length()."""
-    type = data[pos + 2]
-    if type in SNAPSHOTS:
-        fields = _LIGHT.unpack_from(data, pos)
-        present = fields[9]
-        if present & ~(3 | HELD_BIT):
-            return None
-        return type, present, (fields[7], fields[8])
-    if type == FINISH:
-        fields = _FINISH_PREFIX.unpack_from(data, pos)
-        return type, None, (fields[7], fields[8])
-    return type, None, None
 
 
 def schedule(data, pos=0):

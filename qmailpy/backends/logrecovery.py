@@ -98,7 +98,7 @@ class LogRecovery:
 
     def _recount(self, first, tail):
         """Counts of every message in the log up to tail (logcounts.py), read once."""
-        return logcounts.count_from(Cursor(self, first), logcounts.Counts(), self._view_at, tail)
+        return logcounts.count_from(Cursor(self, first), logcounts.Counts(), self._read_at, tail)
 
     def _active_at(self, n, snap):
         a = InFlight(n, snap, self._read_at(snap))
@@ -135,7 +135,7 @@ class LogRecovery:
             for rec in records:
                 self._apply(rec, rec.pos >= replay)
                 if counts is not None and rec.pos >= counts.pos and logcounts.counted(rec.type):
-                    counts.delta(logcounts.view_of(rec), self._view_at)
+                    counts.delta(rec, self._read_at)
             tail = (seg, end)
         return tail
 

@@ -62,7 +62,7 @@ class LogSegments:
             return segments[-1] if segments else 0
         return self.writer.head()[0]
 
-    def _record_bytes(self, pos):
+    def _read_at(self, pos):
         fd = self._segment_fd(pos[0])
         if fd is None:
             raise QueueError("log segment %d is missing" % pos[0])
@@ -70,18 +70,7 @@ class LogSegments:
         if len(head) < R.RECORD_HEADER_SIZE:
             raise QueueError("trouble reading log segment %d" % pos[0])
         length = R.RECORD_HEADER.unpack(head)[3]
-        return head + os.pread(fd, length, pos[1] + R.RECORD_HEADER_SIZE)
-
-    def _view_at(self, pos):
-        """The (type, present, prev) of the record at pos (logcounts), checksum checked."""
-        data = self._record_bytes(pos)
-        view = R.count_prefix(data, 0) if R.frame_length(data, 0) is not None else None
-        if view is None:
-            raise QueueError("trouble reading log segment %d at %d" % pos)
-        return view
-
-    def _read_at(self, pos):
-        data = self._record_bytes(pos)
+        data = head + os.pread(fd, length, pos[1] + R.RECORD_HEADER_SIZE)
         rec = R.decode_one(data, 0)
         if rec is None:
             raise QueueError("trouble reading log segment %d at %d" % pos)
