@@ -31,12 +31,13 @@ def _read(home, name):
             return None
         raise ControlError("unable to read control/%s: %s" % (name, e.strerror)) from e
     try:
-        data = b""
+        chunks = []
+        size = os.fstat(fd).st_size + 1         # one read for a file that does not grow
         while True:
-            chunk = os.read(fd, 65536)
+            chunk = os.read(fd, max(size, 65536))
             if not chunk:
-                return data
-            data += chunk
+                return b"".join(chunks)
+            chunks.append(chunk)
     except OSError as e:            # a directory where a file should be: EISDIR
         raise ControlError("unable to read control/%s: %s" % (name, e.strerror)) from e
     finally:

@@ -112,6 +112,9 @@ class WorkerServer:
         signal.signal(signal.SIGCHLD, lambda s, f: None)
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
+        # Workers are reaped when SIGCHLD wakes the loop: a mask inherited from whoever
+        # started us must not hold it back (zombies would pile up).
+        old_mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
         self._selector = selectors.DefaultSelector()
         self._selector.register(wake_r, selectors.EVENT_READ, None)
         gc.freeze()              # objects that exist now are never collected in a worker
@@ -144,6 +147,7 @@ class WorkerServer:
                 for worker in self.idle.expired():
                     self._retire(worker)
         finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
             signal.set_wakeup_fd(old_wakeup)
             for s, handler in old.items():
                 signal.signal(s, handler)

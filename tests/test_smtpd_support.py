@@ -6,6 +6,7 @@ reads what reached the queue, on either backend: envelope and mess/ bytes.
 """
 import os
 import re
+import signal
 import socket
 import subprocess
 
@@ -130,10 +131,14 @@ def test_smtpd_process_greets_and_quits(qmail_home):
 class ListenerProcess:
     """qmail-smtpd-listen on `address` (127.0.0.1), port chosen by the kernel; .port once it listens."""
 
-    def __init__(self, home, *options, env=None, address="127.0.0.1"):
+    def __init__(self, home, *options, env=None, address="127.0.0.1", blocked=()):
+        """blocked: signals the listener starts with blocked (a mask inherited from its parent)."""
+        def block():
+            signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
         self.proc = subprocess.Popen(["qmail-smtpd-listen", *options, "%s:0" % address],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, env=env or home.env)
+                                     stderr=subprocess.PIPE, env=env or home.env,
+                                     preexec_fn=block if blocked else None)
         line = self.proc.stderr.readline()
         m = re.match(rb"qmail-smtpd-listen: listening on %s:(\d+)\n" % re.escape(address.encode()), line)
         assert m, line + self.proc.stderr.read()

@@ -92,10 +92,12 @@ def test_a_session_worker_retires_after_its_uses(qmail_home):
 
 
 
-def test_retired_session_workers_are_reaped(qmail_home):
+@pytest.mark.parametrize("blocked", [(), (signal.SIGCHLD,)], ids=["", "SIGCHLD blocked at start"])
+def test_retired_session_workers_are_reaped(qmail_home, blocked):
     # -n 1: every session retires its worker. The listener reaps a worker when its SIGCHLD
-    # wakes the loop; one left a zombie would never be gone.
-    with ListenerProcess(qmail_home, "-c", "1", "-n", "1") as listener:
+    # wakes the loop, also when it was started with SIGCHLD blocked; a worker left a zombie
+    # would never be gone.
+    with ListenerProcess(qmail_home, "-c", "1", "-n", "1", blocked=blocked) as listener:
         seen = set()
         for _ in range(4):
             conn = greeted(listener.port)
