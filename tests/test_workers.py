@@ -233,7 +233,10 @@ def files_open(pid):
     it just answered yet)."""
     found = {}
     for fd in os.listdir("/proc/%d/fd" % pid):
-        path = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        try:
+            path = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except FileNotFoundError:       # closed since the listing (the answered connection)
+            continue
         if not path.startswith("socket:"):
             found[fd] = path
     return found
