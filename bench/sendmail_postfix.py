@@ -152,10 +152,8 @@ def submit(argv, env, numbers, body, out):
     return 0 if failures == 0 else 1
 
 
-def cpu_snapshot(pids):
-    """{process label: CPU seconds} of each pid's tree: every live process by program,
-    and what each has reaped as 'LABEL children'."""
-    found = {}
+def _processes(pids):
+    """(label, cpu_times) of every live process in each pid's tree."""
     procs = []
     for pid in pids:
         try:
@@ -169,12 +167,29 @@ def cpu_snapshot(pids):
             times = proc.cpu_times()
         except psutil.Error:
             continue
-        label = program_name(argv, os.path.basename(argv[0]) if argv else proc.name())
+        yield program_name(argv, os.path.basename(argv[0]) if argv else proc.name()), times
+
+
+def cpu_snapshot(pids):
+    """{process label: CPU seconds} of each pid's tree: every live process by program,
+    and what each has reaped as 'LABEL children'."""
+    found = {}
+    for label, times in _processes(pids):
         found[label] = found.get(label, 0) + times.user + times.system
         reaped = times.children_user + times.children_system
         if reaped:
             found[label + " children"] = found.get(label + " children", 0) + reaped
     return found
+
+
+def cpu_kinds(pids):
+    """{"user": seconds, "system": seconds} over each pid's tree, reaped processes included:
+    the interpreter's work against the kernel's."""
+    kinds = {"user": 0.0, "system": 0.0}
+    for _, times in _processes(pids):
+        kinds["user"] += times.user + times.children_user
+        kinds["system"] += times.system + times.children_system
+    return kinds
 
 
 def cpu_per_message(before, after, n):
@@ -183,10 +198,12 @@ def cpu_per_message(before, after, n):
             for label, seconds in after.items() if seconds - before.get(label, 0) > 0}
 
 
-def report_round(name, rate, cpu):
-    """One round's line: its rate and the CPU per message by process, largest first."""
-    print("%-22s %8.1f messages/s   CPU ms/message %.2f: %s" % (
-        name, rate, sum(cpu.values()), ", ".join(
+def report_round(name, rate, cpu, kinds=None):
+    """One round's line: its rate and the CPU per message by process, largest first;
+    kinds: {"user": ms, "system": ms} per message, shown after the total."""
+    split = "" if kinds is None else " (user %.2f, system %.2f)" % (kinds["user"], kinds["system"])
+    print("%-22s %8.1f messages/s   CPU ms/message %.2f%s: %s" % (
+        name, rate, sum(cpu.values()), split, ", ".join(
             "%s %.2f" % kv for kv in sorted(cpu.items(), key=lambda kv: -kv[1]))))
     sys.stdout.flush()
 

@@ -20,7 +20,9 @@ qmail-smtpd-listen on 127.0.0.1:2525 (log backend: 2526), all from QMAILHOME/bin
 (sendmail_postfix.POSTFIX_SETTINGS), its smtpd on 127.0.0.1:25.
 
 CPU ms per message is by program over each system's whole process tree (live
-processes and what their parents reaped), smtp-source excluded. With --fsyncs a
+processes and what their parents reaped), smtp-source excluded, and split into user
+time (the programs' own work: for qmailpy the interpreter's) and system time (the
+kernel's: TCP, files, fsyncs). With --fsyncs a
 last, separate round per system runs with the daemons traced (strace -f -c -p on
 every daemon, no --seccomp-bpf since it attaches) and reports fsync+fdatasync
 calls per message; tracing slows that round, so its time is not reported.
@@ -39,8 +41,8 @@ from inotify_simple import INotify, flags
 
 from deliver import make_home, start_qmqpd, start_send
 from sendmail_postfix import (ACCOUNT, DOMAIN, POSTFIX_SETTINGS, add_account, bench_dir,
-                              cpu_per_message, cpu_snapshot, install_postfix, postfix_version,
-                              print_summary, report_round, run_command, spread)
+                              cpu_kinds, cpu_per_message, cpu_snapshot, install_postfix,
+                              postfix_version, print_summary, report_round, run_command, spread)
 
 QMAILPY_PORTS = {"dir": 2525, "log": 2526}
 POSTFIX_PORT = 25
@@ -133,6 +135,7 @@ def one_round(system, args, trace=False):
         tracer = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
         time.sleep(1.0)             # strace attaches to every thread before the load starts
     before = cpu_snapshot(system.pids())
+    kinds_before = cpu_kinds(system.pids())
     start = time.time()
     source = subprocess.Popen(["smtp-source", "-s", str(args.s), "-m", str(args.n), "-l", str(args.l),
                                "-f", "sender@" + DOMAIN, "-t", system.rcpt,
@@ -147,6 +150,8 @@ def one_round(system, args, trace=False):
             last = time.time()
     source_err = source.communicate()[1]
     after = cpu_snapshot(system.pids())
+    kinds = {kind: (seconds - kinds_before[kind]) * 1000 / args.n
+             for kind, seconds in cpu_kinds(system.pids()).items()}
     fsyncs = None
     if tracer is not None:
         tracer.send_signal(signal.SIGINT)
@@ -162,7 +167,7 @@ def one_round(system, args, trace=False):
         raise SystemExit("%s: %d of %d arrived; smtp-source exit %d: %s" % (
             system.name, arrived, args.n, source.returncode, source_err.decode(errors="replace")[-1000:]))
     cpu = cpu_per_message(before, after, args.n)
-    return args.n / (last - start), cpu, (None if fsyncs is None else fsyncs / args.n)
+    return args.n / (last - start), cpu, (None if fsyncs is None else fsyncs / args.n), kinds
 
 
 def main():
@@ -195,14 +200,14 @@ def main():
                     s for s in systems if s.name == "qmailpy (%s)" % backend)
                 if k == 0:
                     systems.append(system)
-                rate, cpu, _ = one_round(system, args)
-                report_round("%s r%d" % (system.name, k + 1), rate, cpu)
+                rate, cpu, _, kinds = one_round(system, args)
+                report_round("%s r%d" % (system.name, k + 1), rate, cpu, kinds)
                 results.setdefault(system.name, []).append(rate)
             if not args.no_postfix:
                 postfix = Postfix(maildir)
                 try:
-                    rate, cpu, _ = one_round(postfix, args)
-                    report_round("%s r%d" % (postfix.name, k + 1), rate, cpu)
+                    rate, cpu, _, kinds = one_round(postfix, args)
+                    report_round("%s r%d" % (postfix.name, k + 1), rate, cpu, kinds)
                     results.setdefault(postfix.name, []).append(rate)
                 finally:
                     postfix.stop()
