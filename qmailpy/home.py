@@ -32,9 +32,8 @@ def _read(home, name):
         raise ControlError("unable to read control/%s: %s" % (name, e.strerror)) from e
     try:
         chunks = []
-        size = os.fstat(fd).st_size + 1         # one read for a file that does not grow
         while True:
-            chunk = os.read(fd, max(size, 65536))
+            chunk = os.read(fd, 65536)
             if not chunk:
                 return b"".join(chunks)
             chunks.append(chunk)

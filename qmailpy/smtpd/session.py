@@ -97,7 +97,10 @@ class Session:
         self.authenticated = None   # the user name after a successful AUTH
         self.auth_failures = 0
         self._checkpassword = None
-        self._in_poll = self._out_poll = None
+        self._in_poll = select.poll()       # one per direction for the whole session
+        self._in_poll.register(in_fd, select.POLLIN)
+        self._out_poll = select.poll()
+        self._out_poll.register(out_fd, select.POLLOUT)
 
     # -- I/O -------------------------------------------------------------
     def _wait_ms(self):
@@ -114,7 +117,7 @@ class Session:
         if self.tls is not None:
             return self._flush_tls()
         view = memoryview(self.out)
-        poller = self._poller("_out_poll", self.out_fd, select.POLLOUT)
+        poller = self._out_poll
         try:
             while view:
                 wait = self._wait_ms()
@@ -153,17 +156,8 @@ class Session:
     def _timed_out(self):
         return _End(1, R_TIMEOUT, deadline=self.until is not None and time.monotonic() >= self.until)
 
-    def _poller(self, name, fd, event):
-        """One poll object per direction for the whole session."""
-        poller = getattr(self, name)
-        if poller is None:
-            poller = select.poll()
-            poller.register(fd, event)
-            setattr(self, name, poller)
-        return poller
-
     def _read(self):
-        poller = self._poller("_in_poll", self.in_fd, select.POLLIN)
+        poller = self._in_poll
         wait = self._wait_ms()
         if not wait or not poller.poll(wait):
             raise self._timed_out()
