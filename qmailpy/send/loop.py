@@ -352,10 +352,15 @@ class QmailSend:
         job = dl.job
         if letter == b"Z" and job.dying:
             letter, text = b"D", text + DYING_TEXT
+        # A success reaches the queue before the log: a crash between the two then leaves a
+        # recorded delivery without its line, never a logged one the queue does not know
+        # and would repeat, so the log bounds what a restart repeats. (A failure keeps
+        # qmail's order, line, bounce note, DELIVERY: each repeated failure then has both
+        # its line and its note.)
         if letter == b"K":
+            self.mark_done(ch, job, dl.record)
             self.log(logline.delivery(dl.d, "success", text))
             metrics.delivery(ch.name, "success")
-            self.mark_done(ch, job, dl.record)
         elif letter == b"Z":
             self.log(logline.delivery(dl.d, "deferral", text))
             metrics.delivery(ch.name, "deferral")
