@@ -563,8 +563,14 @@ def build(rec, state, base=None):
     return tree
 
 
-def states(rec, single_drops=True, posix_appends=POSIX_APPENDS):
-    """Distinct crash states of a recording (see the module docstring): [(State, Tree)]."""
+def states(rec, single_drops=True, posix_appends=POSIX_APPENDS, keep_alone=None):
+    """Distinct crash states of a recording (see the module docstring): [(State, Tree)].
+
+    keep_alone(op): also every prefix with all its non-durable operations lost except one
+    that keep_alone accepts ("one unsynced kept"). POSIX allows any subset; which one is
+    kept in practice depends on what else the run synced (a later fsync of the same
+    directory by another process), so a test names the operations whose survival alone
+    matters instead of trying every subset."""
     base = Tree.scan(rec.pre)
     seen, out = set(), []
 
@@ -583,6 +589,10 @@ def states(rec, single_drops=True, posix_appends=POSIX_APPENDS):
         if single_drops:
             for i in lost:
                 add(State(prefix, with_later_appends(rec.ops, lost, i, posix_appends), how="one unsynced lost"))
+        if keep_alone is not None:
+            for i in lost:
+                if rec.ops[i].kind in NAME_OPS and keep_alone(rec.ops[i]):
+                    add(State(prefix, [j for j in lost if j != i], how="one unsynced kept"))
         writes = [i for i in lost if rec.ops[i].kind == "write" and len(rec.ops[i].data) > 1]
         if writes:
             add(State(prefix, torn=[writes[-1]], how="last unsynced write torn"))

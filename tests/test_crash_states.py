@@ -303,12 +303,13 @@ class Explorer:
 
     # -- one crash state -------------------------------------------------------------
     def explore(self, rec, cap=None, regressions=(), posix_appends=cs.POSIX_APPENDS, only=None,
-                always=None):
+                always=None, keep_alone=None):
         """Check every state (or `cap` of them, spread evenly over the protocol unless
         CRASHSTATES_FULL=1, plus every state in which an operation that a regression
         names was lost, and every state always(rec, state) accepts), of those
-        only(rec, state) accepts; returns (explored, distinct, failures)."""
-        found = cs.states(rec, posix_appends=posix_appends)
+        only(rec, state) accepts; keep_alone as for cs.states; returns (explored,
+        distinct, failures)."""
+        found = cs.states(rec, posix_appends=posix_appends, keep_alone=keep_alone)
         if only is not None:
             found = [st for st in found if only(rec, st[0])]
         chosen = found
@@ -478,6 +479,15 @@ DIR_SEND_REGRESSIONS = [("create", "queue/bounce/"), ("unlink", "queue/todo/"),
                         ("unlink", "queue/bounce/")]
 
 
+def a_body_removal(op):
+    """qmail-clean's unlink of mess/S/n, the last removal of an ended message. A message
+    queued later into the same mess/S/ syncs that directory and so keeps the removal
+    while the earlier ones (info/, channel, bounce and todo/ files) may be lost; whether
+    the recorded run queues one there (its bounce) depends on inode numbers. Once found
+    that way: the message was retried for good without a body."""
+    return op.kind == "unlink" and op.path.startswith("queue/mess/")
+
+
 def orphan_files(queue):
     """Directory backend: channel and bounce files whose message has neither info/ nor
     todo/, as a power cut may leave them (tests/test_dirqueue_orphans.py)."""
@@ -612,7 +622,7 @@ def test_dir_send_run(explorer_base):
     queue_for_send_run(ex)
     rec = ex.record_send_run()
     report("dir qmail-send run (3 messages, 4 deliveries, 1 bounce)",
-           *ex.explore(rec, CAP, DIR_SEND_REGRESSIONS))
+           *ex.explore(rec, CAP, DIR_SEND_REGRESSIONS, keep_alone=a_body_removal))
 
 
 def test_log_send_run(explorer_base):

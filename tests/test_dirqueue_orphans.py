@@ -8,6 +8,7 @@ orphan must neither stay in the queue for good nor reach a new message that reus
 the number: its recipients or bounce notes would be the old message's.
 """
 import os
+import re
 
 import pytest
 
@@ -60,3 +61,37 @@ def test_a_new_message_does_not_inherit_an_old_bounce_file(qmail_home, users, da
         text = f.read()
     assert b"<nosuch@test.example>:" in text
     assert b"old@far.example" not in text and b"an old failure" not in text
+
+
+@pytest.mark.parametrize("todo_left", [False, True], ids=["preprocessed", "todo-left"])
+def test_a_message_whose_body_is_gone_is_ended_at_startup(qmail_home, users, daemons, todo_left):
+    """The state a power cut left in tests/test_crash_states.py: qmail-clean's removal of
+    mess/S/n was kept (a later message synced mess/S/) while the earlier removals of
+    info/, the channel files and perhaps todo/ were lost. Delivering again would only
+    defer for good (there is no body); every delivery was already made."""
+    users.add("a")
+    n = 999_999_929
+    mess_rel = relpath("mess", n)
+    left = [put(qmail_home, relpath(kind, n), data) for kind, data in (
+        ("info", b"Fold@far.example\0"), ("local", b"DTa@test.example\0TTa@test.example\0"),
+        ("bounce", b"Pold@far.example\0Aold reason\0"))]
+    os.utime(left[0], (1_700_000_000, 1_700_000_000))
+    left.append(put(qmail_home, relpath("hold", n), b"1700000000\n"))     # it was held
+    if todo_left:
+        left.append(put(qmail_home, relpath("todo", n), b"u0\0p1\0Fold@far.example\0Ta@test.example\0\0"))
+    daemons.start()
+    for kind in ("local", "bounce", "info", "hold"):
+        daemons.wait_line(r"^warning: removed %s left over from an ended message \(no %s\)$"
+                          % (relpath(kind, n), mess_rel))
+    if todo_left:
+        daemons.wait_line(r"^warning: removed todo/%d left over from an ended message \(no %s\)$"
+                          % (n, mess_rel))
+    done = qmail_home.queue_message(b"Subject: after\n\nafter\n", b"b@test.example", [b"a@test.example"])
+    assert done.returncode == 0
+    daemons.wait_line(r"^end msg ")
+    assert not any(os.path.exists(p) for p in left)
+    md = os.path.join(users.base, "a", "Maildir", "new")
+    (only,) = os.listdir(md)                 # the new message; nothing of the old one
+    with open(os.path.join(md, only), "rb") as f:
+        assert b"Subject: after" in f.read()
+    assert not any(re.search(r"starting delivery \d+: msg %d " % n, line) for line in daemons.lines())

@@ -13,7 +13,8 @@ T = 1_900_000_000
 def _waiting(home, n, due):
     """A preprocessed message n whose remote channel is next due at `due`."""
     queue = os.path.join(home, "queue")
-    for kind, data in (("info", b"Fs@x.example\0"), ("remote", b"Tr%d@y.example\0" % n)):
+    for kind, data in (("mess", b"Subject: m\n\nm\n"), ("info", b"Fs@x.example\0"),
+                       ("remote", b"Tr%d@y.example\0" % n)):
         path = os.path.join(queue, kind, str(n % 23), str(n))
         with open(path, "wb") as f:
             f.write(data)

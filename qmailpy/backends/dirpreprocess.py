@@ -130,11 +130,12 @@ class DirPreprocessing:
     def _drop_ended_todo(self, n, mess_rel):
         """todo/n without its body: qmail-queue links todo/ only after mess/ is durable,
         and mess/ goes only after the message ended, so this todo entry's own removal
-        was lost to a power cut after the message ended. Ask qmail-clean to remove it
-        (it would be tried every scan for good); QueueError says what happened."""
+        was lost to a power cut after the message ended, and so may be the removals of
+        its info/, channel and bounce files. Remove those, then ask qmail-clean to
+        remove todo/n (it would be tried every scan for good); QueueError says what
+        happened."""
         todo_rel = self._rel("todo", n)
-        if self._exists(self._rel("info", n)):
-            raise QueueError("unable to stat %s" % mess_rel)
+        self.remove_without_body(n, mess_rel)
         if self._clean(todo_rel) != b"+":
             raise QueueError("qmail-clean unable to clean up %s" % todo_rel)
         raise QueueError("removed %s left over from an ended message (no %s)" % (todo_rel, mess_rel))

@@ -132,6 +132,13 @@ class DirQueue(DirPreprocessing, DirCommands, QueueBackend):
             pass
         except OSError:
             return self._scan_failed(n, "todo", now)
+        mess_rel = self._rel("mess", n)
+        try:
+            os.stat(self._path(mess_rel))
+        except FileNotFoundError:
+            return self._end_without_body(n, mess_rel, now)
+        except OSError:
+            return self._scan_failed(n, "mess", now)
         found = []
         for c in CHANNELS:
             try:
@@ -144,6 +151,35 @@ class DirQueue(DirPreprocessing, DirCommands, QueueBackend):
         if not found:
             found.append(Scheduled(n, None, now))
         return found
+
+    def _end_without_body(self, n, mess_rel, now):
+        """info/S/n whose body is gone: the message ended (or was deleted) and a power cut
+        kept qmail-clean's removal of mess/S/n but lost the earlier ones (info/, channel
+        and bounce files are never synced; mess/S/ is, by the next message queued
+        there). Every delivery was made before the channel files went, and the bounce,
+        if any, was queued before the bounce file went: finish the removals
+        (docs/queue-format.md "After a power cut").
+
+        No foop/n for qmail-clean: number n is free now, and a message being queued may
+        already hold a new mess/S/n, which foop/n would remove."""
+        try:
+            self.remove_without_body(n, mess_rel)
+        except QueueError as e:
+            self._warn(str(e))
+            return [Scheduled(n, RECHECK, now + SLEEP_SYSFAIL)]
+        return []
+
+    def remove_without_body(self, n, mess_rel):
+        """Unlink what is left of message n after its body: channel files, then the
+        bounce file, then info/ (qmail's order), then its hold marker, logging each;
+        QueueError if an unlink fails."""
+        for kind in CHANNELS + ("bounce", "info"):
+            rel = self._rel(kind, n)
+            if self._unlink_quietly(rel):
+                self._warn("removed %s left over from an ended message (no %s)" % (rel, mess_rel))
+        if n in self.held:
+            self._drop_hold(n)
+            self._warn("removed %s left over from an ended message (no %s)" % (self._rel("hold", n), mess_rel))
 
     def _scan_failed(self, n, kind, now):
         self._warn("unable to stat %s; will try again later" % self._rel(kind, n))
