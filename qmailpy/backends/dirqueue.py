@@ -158,7 +158,7 @@ class DirQueue(DirPreprocessing, DirCommands, QueueBackend):
         and bounce files are never synced; mess/S/ is, by the next message queued
         there). Every delivery was made before the channel files went, and the bounce,
         if any, was queued before the bounce file went: finish the removals
-        (docs/queue-format.md "After a power cut").
+        (docs/queue-format.md "After a power cut (beyond qmail)").
 
         No foop/n for qmail-clean: number n is free now, and a message being queued may
         already hold a new mess/S/n, which foop/n would remove."""
