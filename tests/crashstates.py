@@ -18,9 +18,11 @@ states a disk may hold after a power cut in the middle of a protocol:
    single non-durable operation dropped (an append together with the file's later
    unsynced appends: ext4 data=ordered keeps a prefix of a file's unsynced appends,
    see with_later_appends); every prefix with all of them dropped; every prefix with
-   its last non-durable write torn to its first half. Identical trees are explored
+   its last non-durable write torn to its first half; on request (keep_alone), every
+   prefix with all of them dropped but one name operation. Identical trees are explored
    once. Name operations are treated as POSIX allows, not as ext4's journal orders
-   them: any one may be lost while later ones are kept.
+   them: any one may be lost while later ones are kept, or kept while earlier ones are
+   lost.
 3. materialise(): the pre-run copy plus the operations a state keeps, written into the
    roots; the home's other files (users/, bin/) stay as they are.
 
