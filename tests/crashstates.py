@@ -18,7 +18,7 @@ states a disk may hold after a power cut in the middle of a protocol:
    single non-durable operation dropped (an append together with the file's later
    unsynced appends: ext4 data=ordered keeps a prefix of a file's unsynced appends,
    see with_later_appends); every prefix with all of them dropped; every prefix with
-   its last non-durable write torn to its first half; on request (keep_alone), every
+   its last non-durable write torn to its first half; on request (single_keeps), every
    prefix with all of them dropped but one name operation. Identical trees are explored
    once. Name operations are treated as POSIX allows, not as ext4's journal orders
    them: any one may be lost while later ones are kept, or kept while earlier ones are
@@ -565,14 +565,12 @@ def build(rec, state, base=None):
     return tree
 
 
-def states(rec, single_drops=True, posix_appends=POSIX_APPENDS, keep_alone=None):
+def states(rec, single_drops=True, posix_appends=POSIX_APPENDS, single_keeps=False):
     """Distinct crash states of a recording (see the module docstring): [(State, Tree)].
 
-    keep_alone(op): also every prefix with all its non-durable operations lost except one
-    that keep_alone accepts ("one unsynced kept"). POSIX allows any subset; which one is
-    kept in practice depends on what else the run synced (a later fsync of the same
-    directory by another process), so a test names the operations whose survival alone
-    matters instead of trying every subset."""
+    single_keeps: also every prefix with all its non-durable operations lost except one
+    name operation ("one unsynced kept"), as when another process's fsync of the same
+    directory made that one durable."""
     base = Tree.scan(rec.pre)
     seen, out = set(), []
 
@@ -591,9 +589,9 @@ def states(rec, single_drops=True, posix_appends=POSIX_APPENDS, keep_alone=None)
         if single_drops:
             for i in lost:
                 add(State(prefix, with_later_appends(rec.ops, lost, i, posix_appends), how="one unsynced lost"))
-        if keep_alone is not None:
+        if single_keeps:
             for i in lost:
-                if rec.ops[i].kind in NAME_OPS and keep_alone(rec.ops[i]):
+                if rec.ops[i].kind in NAME_OPS:
                     add(State(prefix, [j for j in lost if j != i], how="one unsynced kept"))
         writes = [i for i in lost if rec.ops[i].kind == "write" and len(rec.ops[i].data) > 1]
         if writes:

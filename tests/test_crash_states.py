@@ -303,13 +303,13 @@ class Explorer:
 
     # -- one crash state -------------------------------------------------------------
     def explore(self, rec, cap=None, regressions=(), posix_appends=cs.POSIX_APPENDS, only=None,
-                always=None, keep_alone=None):
+                always=None, single_keeps=False):
         """Check every state (or `cap` of them, spread evenly over the protocol unless
         CRASHSTATES_FULL=1, plus every state in which an operation that a regression
         names was lost, and every state always(rec, state) accepts), of those
-        only(rec, state) accepts; keep_alone as for cs.states; returns (explored,
-        distinct, failures)."""
-        found = cs.states(rec, posix_appends=posix_appends, keep_alone=keep_alone)
+        only(rec, state) accepts; returns (explored, distinct, failures). single_keeps:
+        also every "one unsynced kept" state (cs.states), each one explored."""
+        found = cs.states(rec, posix_appends=posix_appends, single_keeps=single_keeps)
         if only is not None:
             found = [st for st in found if only(rec, st[0])]
         chosen = found
@@ -317,7 +317,8 @@ class Explorer:
             spread = {round(i * (len(found) - 1) / (cap - 1)) for i in range(cap)}
             chosen = [st for i, st in enumerate(found)
                       if i in spread or any(lost_op(rec, st[0], r) for r in regressions)
-                      or (always is not None and always(rec, st[0]))]
+                      or (always is not None and always(rec, st[0]))
+                      or st[0].how == "one unsynced kept"]
         failures = []
         self.duplicates = {}            # recipient: states after which it holds a message twice
         try:
@@ -479,22 +480,6 @@ DIR_SEND_REGRESSIONS = [("create", "queue/bounce/"), ("unlink", "queue/todo/"),
                         ("unlink", "queue/bounce/")]
 
 
-def every_name_op(op):
-    """keep_alone for explore(): any one name operation may survive while every other
-    unsynced operation is lost. Which one survives depends on what another process
-    synced: a message queued later into the same mess/S/ keeps qmail-clean's removal
-    of an ended message's body while the earlier removals (info/, channel, bounce and
-    todo/ files) are lost. The recorded run reached that state only when its bounce's
-    inode fell into such a mess/S/, and it showed a defect: the message was retried
-    for good without a body (now ended, dirqueue.py _end_without_body)."""
-    return True
-
-
-def one_kept(rec, state):
-    """always() for explore(): every "one unsynced kept" state."""
-    return state.how == "one unsynced kept"
-
-
 def orphan_files(queue):
     """Directory backend: channel and bounce files whose message has neither info/ nor
     todo/, as a power cut may leave them (tests/test_dirqueue_orphans.py)."""
@@ -624,12 +609,18 @@ def queue_for_send_run(ex):
 
 
 def test_dir_send_run(explorer_base):
-    """Preprocessing, local deliveries and their marks, a bounce, qmail-clean's removals."""
+    """Preprocessing, local deliveries and their marks, a bounce, qmail-clean's removals.
+
+    Every "one unsynced kept" state too: a message queued later into the same mess/S/
+    keeps qmail-clean's removal of an ended message's body while the earlier removals
+    (info/, channel, bounce and todo/ files) are lost. The recorded run reached that
+    state only when its bounce's inode fell into such a mess/S/, and it showed a defect:
+    the message was retried for good without a body (dirqueue.py _end_without_body)."""
     ex = Explorer(explorer_base, "dir")
     queue_for_send_run(ex)
     rec = ex.record_send_run()
     report("dir qmail-send run (3 messages, 4 deliveries, 1 bounce)",
-           *ex.explore(rec, CAP, DIR_SEND_REGRESSIONS, always=one_kept, keep_alone=every_name_op))
+           *ex.explore(rec, CAP, DIR_SEND_REGRESSIONS, single_keeps=True))
 
 
 def test_log_send_run(explorer_base):
@@ -642,7 +633,7 @@ def test_log_send_run(explorer_base):
     assert any(op.kind == "unlink" and op.path.startswith("queue/log/") for op in rec.ops), \
         "no segment deletion recorded"
     report("log qmail-send run (recovery, 3 messages, 1 bounce, segment deletion)",
-           *ex.explore(rec, CAP, always=one_kept, keep_alone=every_name_op))
+           *ex.explore(rec, CAP, single_keeps=True))
 
 
 def a_hole_among_appends(rec, state):

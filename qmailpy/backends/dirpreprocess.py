@@ -135,7 +135,7 @@ class DirPreprocessing:
         remove todo/n (it would be tried every scan for good); QueueError says what
         happened."""
         todo_rel = self._rel("todo", n)
-        self.remove_without_body(n, mess_rel)
+        self._remove_without_body(n, mess_rel)
         if self._clean(todo_rel) != b"+":
             raise QueueError("qmail-clean unable to clean up %s" % todo_rel)
         raise QueueError("removed %s left over from an ended message (no %s)" % (todo_rel, mess_rel))

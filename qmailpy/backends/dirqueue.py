@@ -163,13 +163,13 @@ class DirQueue(DirPreprocessing, DirCommands, QueueBackend):
         No foop/n for qmail-clean: number n is free now, and a message being queued may
         already hold a new mess/S/n, which foop/n would remove."""
         try:
-            self.remove_without_body(n, mess_rel)
+            self._remove_without_body(n, mess_rel)
         except QueueError as e:
             self._warn(str(e))
             return [Scheduled(n, RECHECK, now + SLEEP_SYSFAIL)]
         return []
 
-    def remove_without_body(self, n, mess_rel):
+    def _remove_without_body(self, n, mess_rel):
         """Unlink what is left of message n after its body: channel files, then the
         bounce file, then info/ (qmail's order), then its hold marker, logging each;
         QueueError if an unlink fails."""
