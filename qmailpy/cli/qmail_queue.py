@@ -13,17 +13,23 @@ import os
 def _relay(home):
     from qmailpy.queue import qmqp
     from qmailpy.queue.client import NO_SERVER, ServerSubmission
+    submission = ServerSubmission(home)
     try:
-        message = qmqp.read_all(0)
+        while True:
+            chunk = os.read(0, 65536)
+            if not chunk:
+                break
+            submission.write(chunk)
         sender, recipients = qmqp.relay_envelope(lambda: os.read(1, 65536))
     except ValueError as e:
+        submission.abort()
         return e.args[0]
     except OSError:
+        submission.abort()
         return 54
     except MemoryError:
+        submission.abort()
         return 51
-    submission = ServerSubmission(home)
-    submission.write(message)
     result = submission.finish(sender, recipients)
     if result.code == NO_SERVER:
         os.write(2, b"qmail-queue: " + result.text + b"\n")

@@ -26,7 +26,8 @@ failure): qmail-smtpd answers `451 qqt failure (#4.3.0)`.
 
 Without queue rights (home.has_queue_rights: not root, not the owner of the queue)
 no child is forked: QueueClient returns a ServerSubmission, which holds the
-message and hands it to qmail-qmqpd over the local socket SOCKET in one QMQP
+message in bounded memory (qmailpy.queue.spool: beyond 1 MiB in an unlinked file)
+and hands it to qmail-qmqpd over the local socket SOCKET in one QMQP
 request (qmailpy.queue.qmqp) at finish(). The server queues it for the uid the
 kernel reports for this process, with qmail-queue's code, and answers with
 qmail-queue's text; Result.code is then the exit code qmail-queue gave (the
@@ -146,7 +147,8 @@ def code_of(marked):
 
 
 class ServerSubmission:
-    """One message for qmail-qmqpd: kept in memory, sent in one request at finish().
+    """One message for qmail-qmqpd, held in a qmailpy.queue.spool.Spool (bounded memory)
+    and sent in one request at finish().
 
     fallback: when no server can be reached, queue it with a ForkedQueue instead (only
     for a caller with queue rights). A server reached that fails mid-request is not
@@ -155,52 +157,75 @@ class ServerSubmission:
     not_before (or else $QMAILNOTBEFORE) goes in the local socket's option."""
 
     def __init__(self, home, fallback=False, not_before=None):
+        from qmailpy.queue.spool import Spool
         self.home, self.fallback, self.not_before = home, fallback, not_before
         self.path = os.path.join(home, SOCKET)
         self.pid = None
-        self._buf = bytearray()
+        self._spool = Spool()
         self._result = None
 
     def write(self, data):
         if self._result is None:
-            self._buf += data
+            self._spool.write(data)
 
     def abort(self):
         """Nothing was sent: nothing is queued."""
         if self._result is None:
-            self._buf = bytearray()
+            self._spool.close()
             self._result = Result(54, None, _READ_ERROR)
         return self._result
 
     def finish(self, sender, recipients):
         if self._result is not None:
             return self._result
+        try:
+            self._result = self._submit(sender, recipients)
+        finally:
+            self._spool.close()
+        return self._result
+
+    def _submit(self, sender, recipients):
         not_before = self.not_before
         if not_before is None:
             from qmailpy.mess import not_before_of
             try:
                 not_before = not_before_of(os.environ)
             except ValueError:              # as qmail-queue: before anything is made
-                self._result = Result(55, None, explain(55))
-                return self._result
+                return Result(55, None, explain(55))
+        spool = self._spool
+        if spool.error is not None:
+            return _spool_failure(spool.error)
         from qmailpy.queue import qmqp
-        request_message = bytes(self._buf)
-        request = qmqp.request(request_message, sender, recipients, not_before)
-        self._buf = bytearray()
+        head, tail = qmqp.frame(spool.size, sender, recipients, not_before)
+        spool_failed = []
+
+        def send(sock):
+            from qmailpy.queue.spool import SpoolError
+            sock.sendall(head)
+            try:
+                for piece in spool.pieces():
+                    sock.sendall(piece)
+            except SpoolError as e:
+                spool_failed.append(e)
+                sock.shutdown(1)            # SHUT_WR: the server sees a short request, queues nothing
+                return
+            sock.sendall(tail)
+
         try:
-            answer = qmqp.exchange(self.path, request, SERVER_TIMEOUT)
+            answer = qmqp.exchange(self.path, send, SERVER_TIMEOUT)
         except qmqp.Failed as e:
-            self._result = Result(NO_SERVER, None, b"Zcommunication with the queue server at %s"
-                                  b" failed: %s (#4.3.0)" % (os.fsencode(self.path), e.reason.encode()))
-            return self._result
+            if spool_failed:
+                return _spool_failure(spool_failed[0])
+            return Result(NO_SERVER, None, b"Zcommunication with the queue server at %s"
+                          b" failed: %s (#4.3.0)" % (os.fsencode(self.path), e.reason.encode()))
         except qmqp.Unreachable as e:
             if self.fallback:
-                self._result = self._forked(request_message, sender, recipients, not_before)
-                return self._result
-            self._result = Result(NO_SERVER, None, b"Zno queue server at %s: %s;"
-                                  b" is qmail-qmqpd running? (#4.3.0)"
-                                  % (os.fsencode(self.path), e.reason.encode()))
-            return self._result
+                return self._forked(sender, recipients, not_before)
+            return Result(NO_SERVER, None, b"Zno queue server at %s: %s;"
+                          b" is qmail-qmqpd running? (#4.3.0)"
+                          % (os.fsencode(self.path), e.reason.encode()))
+        if spool_failed:
+            return _spool_failure(spool_failed[0])
         if not_before is not None and answer == qmqp.NOT_QMQP:
             # a qmail-qmqpd from before the option (not restarted since an upgrade): the
             # request is sound, so this is not the message's fault
@@ -209,17 +234,24 @@ class ServerSubmission:
         if code == 0:
             self.pid = qmqp.qp_of(answer)
             answer = b""
-        self._result = Result(code, self.pid, answer)
-        return self._result
+        return Result(code, self.pid, answer)
 
-
-    def _forked(self, message, sender, recipients, not_before):
+    def _forked(self, sender, recipients, not_before):
         try:
             forked = ForkedQueue(self.home, not_before=not_before)
         except QueueStartError:
             return Result(None, None, b"Zqqt failure (#4.3.0)")
-        forked.write(message)
+        try:
+            for piece in self._spool.pieces():
+                forked.write(piece)
+        except OSError:
+            return forked.abort()
         return forked.finish(sender, recipients)
+
+
+def _spool_failure(error):
+    """qmail-queue's 53 (write error or disk full), with why the message could not be held."""
+    return Result(53, None, b"Z" + os.fsencode(error.strerror) + b" (#4.3.0)")
 
 
 class ForkedQueue:

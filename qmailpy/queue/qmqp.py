@@ -13,7 +13,6 @@ netstring("notbefore=" EPOCH) holds the message's delivery until then (qmail-qmq
 
 exchange() is the client's side over a local (AF_UNIX) socket.
 """
-import os
 
 MAX_ANSWER = 1024        # qmail's answers are a line; a longer one is not an answer
 
@@ -41,9 +40,17 @@ MAX_OPTION = 64          # bytes of an option netstring's text
 
 def request(message, sender, recipients, not_before=None):
     """The request's bytes; not_before (epoch seconds) adds the local socket's option."""
+    head, tail = frame(len(message), sender, recipients, not_before)
+    return head + message + tail
+
+
+def frame(size, sender, recipients, not_before=None):
+    """(head, tail): what goes before and after a message of size bytes in its request,
+    so that the message itself can be sent from wherever it is held."""
     option = b"" if not_before is None else netstring(NOT_BEFORE_OPTION + b"%d" % not_before)
-    return option + netstring(netstring(message) + netstring(sender)
-                              + b"".join(netstring(r) for r in recipients))
+    envelope = netstring(sender) + b"".join(netstring(r) for r in recipients)
+    inner = len(b"%d" % size) + 1 + size + 1 + len(envelope)
+    return option + b"%d:%d:" % (inner, size), b"," + envelope + b","
 
 
 def parse_option(text):
@@ -80,6 +87,8 @@ def _reason(e):
 def exchange(path, data, timeout):
     """Send a request to the server at path; its answer (K/Z/D text).
 
+    data: the request's bytes, or a function that sends them on the socket it is
+    given (sendall), so that a large message need not be in memory at once.
     Unreachable when no connection can be made, Failed when the server does
     not answer with a netstring."""
     # the C module: `import socket` (enum, selectors) costs every sendmail about 4 ms
@@ -93,7 +102,10 @@ def exchange(path, data, timeout):
             raise Unreachable(_reason(e)) from None
         send_error = None
         try:
-            sock.sendall(data)
+            if callable(data):
+                data(sock)
+            else:
+                sock.sendall(data)
         except OSError as e:
             send_error = e          # the server may have answered before it stopped reading
         got = b""
@@ -148,11 +160,3 @@ def relay_envelope(read):
         buf = buf[pos:] + chunk
         pos = 0
 
-
-def read_all(fd):
-    parts = []
-    while True:
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return b"".join(parts)
-        parts.append(chunk)
