@@ -16,10 +16,13 @@ the loop; a worker finishes the connection in hand, then reads EOF and exits.
 
 One client (client_of() of a connection's context: an address, a uid) may have at
 most `per_client` connections in workers at once, so one client cannot take every
-worker. Beyond that a connection waits in the server, in order, for one of that
-client's to end (at most `wait_per_client` of them, `wait_limit` in all), and one
-beyond those is answered by too_many() and closed. With wait_per_client 0 a
-connection beyond per_client is answered at once.
+worker, and all counted clients together at most `limit - reserved`: the `reserved`
+workers are for connections that count against no client (client_of() None: the
+queue server's qmaild and qmails), which so always find a worker however many
+connections the others hold open. Beyond its share a connection waits in the
+server, in order, for a worker it may take (at most `wait_per_client` of them per
+client, `wait_limit` in all), and one beyond those is answered by too_many() and
+closed. With wait_per_client 0 a connection beyond per_client is answered at once.
 
 Hooks for subclasses: admit(), client_of() and too_many() run in the server;
 worker_started() runs once in each new worker, child() once per connection and
@@ -51,20 +54,30 @@ def half(limit):
     return (limit + 1) // 2
 
 
+def default_reserved(limit):
+    """Workers kept for connections that count against no client: a quarter, at least one
+    (none when there is only one)."""
+    return max(1, limit // 4) if limit > 1 else 0
+
+
 class WorkerServer:
     def __init__(self, listening, limit, max_use=DEFAULT_MAX_USE, max_idle=DEFAULT_MAX_IDLE,
-                 per_client=None, wait_per_client=0, wait_limit=0):
+                 per_client=None, wait_per_client=0, wait_limit=0, reserved=0):
         self.listening = list(listening)
         for sock in self.listening:
             sock.setblocking(False)
         self.limit = limit
         self.max_use = max_use
         self.max_idle = max_idle
-        self.per_client = half(limit) if per_client is None else per_client
+        if not 0 <= reserved < limit:
+            raise ValueError("reserved workers must be fewer than the limit")
+        self.shared = limit - reserved      # workers that counted clients may hold in all
+        self.per_client = half(self.shared) if per_client is None else per_client
         self.wait_per_client, self.wait_limit = wait_per_client, wait_limit
         self.pool = {}              # channel fd -> Worker, every worker that may take work
         self.idle = workers.IdleWorkers(max_idle)
         self.active = {}            # client -> connections in workers
+        self.counted = 0            # connections in workers that count against a client
         self.waiting = collections.deque()      # (sock_index, conn, context), oldest first
         self.waiting_of = {}        # client -> connections waiting
         self._stop = False
@@ -211,13 +224,16 @@ class WorkerServer:
             conn.close()
             return True
         client = self.client_of(context)
-        if client is not None and self.active.get(client, 0) >= self.per_client:
+        if client is not None and self._over_share(client):
             self.settle()                   # connections that ended while we were busy
-            if self.active.get(client, 0) >= self.per_client:
+            if self._over_share(client):
                 self._wait(sock_index, conn, context, client)
                 return True
         self._dispatch(sock_index, conn, context)
         return True
+
+    def _over_share(self, client):
+        return self.active.get(client, 0) >= self.per_client or self.counted >= self.shared
 
     def _wait(self, sock_index, conn, context, client):
         """A connection of a client over its share: in line, or answered and closed."""
@@ -237,7 +253,7 @@ class WorkerServer:
                 return
             sock_index, conn, context = entry
             client = self.client_of(context)
-            if self.active.get(client, 0) < self.per_client:
+            if not self._over_share(client):
                 self.waiting.remove(entry)
                 _count(self.waiting_of, client, -1)
                 self._dispatch(sock_index, conn, context)
@@ -268,6 +284,7 @@ class WorkerServer:
         client = self.client_of(context)
         if client is not None:
             _count(self.active, client, 1)
+            self.counted += 1
 
     def _spawn(self, also_close=()):
         """A new worker, or None when the fork fails."""
@@ -293,6 +310,7 @@ class WorkerServer:
             client = self.client_of(context)
             if client is not None:
                 _count(self.active, client, -1)
+                self.counted -= 1
         if packet is None:                  # the worker is gone
             self._drop(worker)
         elif worker.uses >= self.max_use:

@@ -514,7 +514,7 @@ def test_one_local_uid_cannot_take_every_queueing_worker(qmail_home):
     """-c 2 -s 1: while a user holds one request open, its next request waits in line and
     another uid is still served; when the first ends, the waiting one is queued."""
     other = 61017
-    with QmqpServer(qmail_home, "-c", "2", "-s", "1", "-t", "60") as server:
+    with QmqpServer(qmail_home, "-c", "2", "-s", "1", "-r", "0", "-t", "60") as server:
         holder = as_uid(other, HOLD, server.socket)
         try:
             assert holder.stdout.readline() == b"held\n"
@@ -538,7 +538,7 @@ def test_one_local_uid_cannot_take_every_queueing_worker(qmail_home):
 def test_a_crowd_from_one_uid_beyond_its_line_is_told_too_many(qmail_home):
     from qmailpy.queue.server import WAIT_PER_CLIENT
     other = 61018
-    with QmqpServer(qmail_home, "-c", "2", "-s", "1", "-t", "60") as server:
+    with QmqpServer(qmail_home, "-c", "2", "-s", "1", "-r", "0", "-t", "60") as server:
         holder = as_uid(other, HOLD, server.socket)
         try:
             assert holder.stdout.readline() == b"held\n"

@@ -1,4 +1,4 @@
-"""qmail-qmqpd [-c limit] [-s perclient] [-t timeout] [-n uses] [-i seconds] [--tcp HOST:PORT]:
+"""qmail-qmqpd [-c limit] [-s perclient] [-r reserved] [-t timeout] [-n uses] [-i seconds] [--tcp HOST:PORT]:
 the queue server (qmail-qmqpd(8)).
 
 Listens on QMAILHOME/run/qmqp.sock (or on the sockets systemd passes), and with
@@ -28,6 +28,8 @@ def _parse(argv):
                         help="time a connection may take (default 1200)")
     parser.add_argument("-s", dest="per_client", type=int, default=None, metavar="PERCLIENT",
                         help="requests one uid or TCP address may have at once (default: half of -c)")
+    parser.add_argument("-r", dest="reserved", type=int, default=None, metavar="RESERVED",
+                        help="connections kept for qmaild and qmails (default: a quarter of -c)")
     parser.add_argument("-n", dest="max_use", type=int, default=None, metavar="USES",
                         help="requests one queueing worker serves (default 100)")
     parser.add_argument("-i", dest="max_idle", type=float, default=None, metavar="SECONDS",
@@ -37,6 +39,9 @@ def _parse(argv):
     for name, option in (("limit", "-c"), ("max_use", "-n"), ("per_client", "-s")):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error("%s needs a positive number" % option)
+    from qmailpy.queue.server import DEFAULT_LIMIT
+    if args.reserved is not None and not 0 <= args.reserved < (args.limit or DEFAULT_LIMIT):
+        parser.error("-r needs a number from 0 to one less than -c")
     if args.max_idle is not None and args.max_idle <= 0:
         parser.error("-i needs a positive number of seconds")
     if args.timeout is not None and args.timeout <= 0:
@@ -134,7 +139,7 @@ def main(argv=None):
     _more_descriptors()                # requests waiting in line each hold one
     kwargs = {k: v for k, v in (("limit", args.limit), ("timeout", args.timeout),
                                 ("max_use", args.max_use), ("max_idle", args.max_idle),
-                                ("per_client", args.per_client))
+                                ("per_client", args.per_client), ("reserved", args.reserved))
               if v is not None}
     # qmail-smtpd's sessions (qmaild) and qmail-send's bounces (qmails) all queue here
     kwargs["unlimited"] = set(privs.role_uids(home, ("qmaild", "qmails"), roles).values())

@@ -23,7 +23,7 @@ import socket
 import struct
 import time
 
-from qmailpy.workerserver import DEFAULT_MAX_IDLE, DEFAULT_MAX_USE, REFUSED, WorkerServer
+from qmailpy.workerserver import DEFAULT_MAX_IDLE, DEFAULT_MAX_USE, REFUSED, WorkerServer, default_reserved
 from qmailpy.mess import MAX_HOLD
 from qmailpy.queue.client import ADDRESS_REFUSED, explain
 from qmailpy.queue.qmqp import MAX_OPTION, NOT_QMQP, netstring, parse_option
@@ -249,20 +249,24 @@ WAIT_LIMIT = 1024             # requests waiting in all
 class Server(WorkerServer):
     """qmail-qmqpd's accept loop (qmailpy.workerserver): requests handed to queueing workers.
 
-    One client (a local uid, a TCP address) may have at most per_client requests in
-    workers at once (default: half of them, rounded up), so that one local user
-    holding connections open cannot take every worker; the uids in `unlimited`
-    (qmaild, whose SMTP sessions all queue here, and qmails) are not counted. A
-    request beyond that waits in line for one of that client's to end (a burst of
+    The uids in `unlimited` (qmaild, whose SMTP sessions all queue here, and qmails,
+    whose bounces do) count against no client, and `reserved` workers (default a
+    quarter, workerserver.default_reserved) are theirs alone: however many
+    connections local users and TCP clients hold open, silent or slow, the SMTP
+    hand-off and the bounces find a worker. Every other client (a local uid, a TCP
+    address) may have at most per_client requests in workers at once (default: half
+    of the others, rounded up), and all of them together limit - reserved. A request
+    beyond that waits in line, holding no worker, until it may take one (a burst of
     submissions from one cron job still goes through), and one beyond WAIT_PER_CLIENT
     waiting, or WAIT_LIMIT waiting in all, gets R_TOO_MANY."""
 
     def __init__(self, home, local=None, tcp=None, tcp_uid=None, rules=None,
                  limit=DEFAULT_LIMIT, timeout=DEFAULT_TIMEOUT, warn=None,
                  max_use=DEFAULT_MAX_USE, max_idle=DEFAULT_MAX_IDLE, per_client=None,
-                 unlimited=()):
+                 unlimited=(), reserved=None):
         super().__init__([s for s in (local, tcp) if s is not None], limit, max_use, max_idle,
-                         per_client, WAIT_PER_CLIENT, WAIT_LIMIT)
+                         per_client, WAIT_PER_CLIENT, WAIT_LIMIT,
+                         default_reserved(limit) if reserved is None else reserved)
         self.home = home
         self.local, self.tcp, self.tcp_uid = local, tcp, tcp_uid
         self.rules, self.warn = rules, warn
