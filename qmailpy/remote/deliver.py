@@ -47,7 +47,7 @@ _HIGH_AS_A = bytes(range(128)) + b"a" * 128
 
 class Controls:
     __slots__ = ("timeout", "timeoutconnect", "session", "helohost", "routes", "sources",
-                 "tlsdestinations")
+                 "tlsdestinations", "dns", "dkimkeys")
 
 
 def outgoing_sources(lines):
@@ -67,6 +67,7 @@ def outgoing_sources(lines):
 
 def read_controls(home):
     """qmail-remote's controls; raises ControlError (also when helohost and me are absent)."""
+    from qmailpy import dkimkeys, resolver
     from qmailpy.home import ControlError, control_int, control_list, control_value
     from qmailpy.remote import tls
     from qmailpy.remote.routes import route_table
@@ -86,6 +87,8 @@ def read_controls(home):
     c.routes = route_table(control_list(home, "smtproutes", []))
     c.sources = outgoing_sources(control_list(home, "outgoingip", []))
     c.tlsdestinations = policy_table(control_list(home, tls.CONTROL, []))
+    c.dns = resolver.settings(home)
+    c.dkimkeys = dkimkeys.entries(control_list(home, dkimkeys.CONTROL, []))
     return c
 
 
@@ -129,7 +132,7 @@ def deliver(args, home, messfd=0, lookup=None, now=None, pid=None, cache=None, a
         import time
         now = lambda: int(time.time())        # noqa: E731
     if lookup is None and (not host or dns.ip_literal(host) is None):
-        lookup = dns.resolver_lookup()
+        lookup = dns.resolver_lookup(config=controls.dns)
     try:
         if relay is not None:
             found, soft = dns.addresses(host, lookup), False
@@ -160,6 +163,14 @@ def deliver(args, home, messfd=0, lookup=None, now=None, pid=None, cache=None, a
         message = smtputf8.read_message(messfd)
     except OSError:
         return [smtp.READ_FAILED]
+    if controls.dkimkeys:
+        from qmailpy.remote import dkimsign
+        try:
+            message.prefix = dkimsign.prefix(controls.dkimkeys, messfd, message)
+        except OSError:
+            return [smtp.READ_FAILED]
+        except dkimsign.Refused as e:
+            return [e.args[0]]
     required, cafile = tls.find_policy(controls.tlsdestinations, args[0])
     table = Table(now=now, pid=pid)
     failure = TEMP_NOCONN

@@ -2,9 +2,10 @@
 
 Lookups go through a `lookup(name, rdtype)` callable returning the answer's
 records in DNS order (dnspython rdata) or raising DNSHard (the name or the data
-does not exist) / DNSSoft (anything that may work later). `resolver_lookup()`
-builds one on dnspython with res_query's rules: the name is absolute, no search
-list. Tests pass their own lookup.
+does not exist) / DNSSoft (anything that may work later, a timeout included).
+`resolver_lookup()` builds one on dnspython with res_query's rules: the name is
+absolute, no search list; its servers and deadline are qmailpy.resolver's
+(control/dnsresolvers, control/timeoutdns). Tests pass their own lookup.
 
 Results are lists of (preference, address, host name) in the order they are
 tried: MX hosts by increasing preference, equal preferences in the pseudo-random
@@ -63,12 +64,14 @@ def format_ip(ip):
     return b"%d.%d.%d.%d" % tuple(ip)
 
 
-def resolver_lookup(resolver=None):
-    """A lookup(name, rdtype) on dnspython (/etc/resolv.conf unless a resolver is given)."""
+def resolver_lookup(resolver=None, config=None):
+    """A lookup(name, rdtype) on dnspython: on resolver if given, else on one built
+    (at the first lookup) from config, a qmailpy.resolver.Settings (default: /etc/resolv.conf)."""
     import dns.exception
     import dns.name
     import dns.rdatatype
     import dns.resolver
+    from qmailpy import resolver as setup
 
     made = [resolver]
 
@@ -78,7 +81,7 @@ def resolver_lookup(resolver=None):
         try:
             res = made[0]
             if res is None:
-                res = made[0] = dns.resolver.Resolver()
+                res = made[0] = setup.build(config or setup.Settings())
             qname = dns.name.from_text(name.decode("ascii"))
         except dns.resolver.NoResolverConfiguration as e:
             raise DNSSoft(str(e)) from None
