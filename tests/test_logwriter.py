@@ -57,3 +57,29 @@ def test_an_existing_log_is_appended_to_and_made_private(tmp_path):
     assert numbers([str(path)]) == [0, 1, 2]
     assert os.stat(path).st_mode & 0o777 == 0o640
     assert log_set(str(tmp_path), "qmail-send.log") == [str(path)]
+
+
+def test_a_changed_logsize_counts_without_a_restart(tmp_path):
+    """Started with the default limit (10 MB), the writer given the control directory
+    rotates at control/logsize as soon as that file says 4096."""
+    import time
+    control = tmp_path / "control"
+    control.mkdir()
+    path = str(tmp_path / "qmail-send.log")
+    proc = subprocess.Popen([sys.executable, "-m", "qmailpy.ctl.logwriter", path, str(10 * 1024 * 1024), "10",
+                             str(control)], stdin=subprocess.PIPE)
+    first = b"".join(b"line %d %s\n" % (i, b"x" * 60) for i in range(100))
+    proc.stdin.write(first)
+    proc.stdin.flush()
+    deadline = time.monotonic() + 30
+    while not (os.path.exists(path) and os.path.getsize(path) >= 100 * 70):    # the writer took them
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    (control / "logsize").write_text("4096\n")
+    proc.stdin.write(b"".join(b"line %d %s\n" % (i, b"x" * 60) for i in range(100, 300)))
+    proc.stdin.close()
+    assert proc.wait(timeout=60) == 0
+    paths = log_set(str(tmp_path), "qmail-send.log")
+    assert numbers(paths) == list(range(300))
+    assert len(paths) >= 5
+    assert all(os.path.getsize(p) <= 4096 for p in paths[1:])

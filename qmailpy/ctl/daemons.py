@@ -13,9 +13,14 @@ start   runs `qmail-start DEFAULTDELIVERY` in the background. qmail-send's log
         First of all it starts the queue server qmail-qmqpd (log
         HOME/log/qmail-qmqpd.log, pid HOME/log/qmail-qmqpd.pid), through which
         every submitter without queue rights queues.
+        Start may be run again at any time (after a crash, from cron): it starts
+        only what is missing and says what already runs, finding a daemon of the
+        home by its pid file or, when that is gone, by its command line and
+        environment (QMAILHOME; SMTPAUTH=! for the submission listener). When
+        something fails to start it stops what this call started and nothing else.
 stop    SIGTERM to qmail-send (and the SMTP listeners), then waits until they
         and qmail-send's helpers are gone; then stops qmail-qmqpd.
-stat    the daemons (psutil) and the queue counts.
+stat    the daemons (psutil) and the queue counts; exit 1 when one is down.
 doqueue SIGALRM: every queued message is retried now.
 reload  SIGHUP: qmail-send rereads locals and virtualdomains.
 queue   qmail-qread, then qmail-qstat.
@@ -90,57 +95,150 @@ def _read_pid(home, name):
         return None
 
 
-def _process(pid, needle):
-    """psutil.Process for pid if it is alive and its command line mentions needle."""
+class Daemon:
+    """One daemon qmailctl runs: its program (the name in its command line), its log and
+    pid file in HOME/log, the log line that says it is up, and for the two listeners
+    whether it is the submission one (SMTPAUTH=! in its environment)."""
+
+    def __init__(self, label, program, logname, pidname, ready, submission=None):
+        self.label, self.program, self.logname, self.pidname = label, program, logname, pidname
+        self.ready, self.submission = ready, submission
+
+
+QMQPD = Daemon("qmail-qmqpd", "qmail-qmqpd", QMQPD_LOG, QMQPD_PID, b"listening on")
+SEND = Daemon("qmail-send", "qmail-send", SEND_LOG, SEND_PID, b"status: local")
+SMTPD = Daemon("qmail-smtpd-listen (smtp)", "qmail-smtpd-listen", SMTPD_LOG, SMTPD_PID,
+               b"listening on", submission=False)
+SUBMISSION = Daemon("qmail-smtpd-listen (submission)", "qmail-smtpd-listen", SUBMISSION_LOG,
+                    SUBMISSION_PID, b"listening on", submission=True)
+DAEMONS = (QMQPD, SEND, SMTPD, SUBMISSION)
+
+
+def _names_program(cmdline, program):
+    """[python, script], [python, -IS, script] (HOME/bin's launchers) or [script]."""
+    return any(os.path.basename(part) == program for part in cmdline[:3])
+
+
+def _is(proc, daemon, home, unreadable_env_ok):
+    """True when proc is daemon of this home. Its environment says which home
+    (QMAILHOME) and which listener (SMTPAUTH); another account's environment cannot be
+    read: then proc counts only when unreadable_env_ok (its pid came from our pid file)."""
     import psutil
-    if pid is None:
-        return None
     try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        if any(needle in part for part in proc.cmdline()):
-            return proc
+        if proc.status() == psutil.STATUS_ZOMBIE or not _names_program(proc.cmdline(), daemon.program):
+            return False
     except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
+        return False
+    try:
+        env = proc.environ()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return unreadable_env_ok
+    if not env:                 # a kernel that hides it, or an exec in progress
+        return unreadable_env_ok
+    if os.path.abspath(env.get("QMAILHOME", "/var/qmail")) != home:
+        return False
+    return daemon.submission is None or (env.get("SMTPAUTH") == "!") == daemon.submission
+
+
+def find(home, daemon, everyone=None):
+    """The running daemon of this home: the process its pid file names, else one found
+    among every process (a pid file removed, or a start that lost track of it)."""
+    import psutil
+    pid = _read_pid(home, daemon.pidname)
+    if pid is not None:
+        try:
+            proc = psutil.Process(pid)
+            if _is(proc, daemon, home, True):
+                return proc
+        except psutil.NoSuchProcess:
+            pass
+    for proc in (everyone if everyone is not None else psutil.process_iter()):
+        if proc.pid != os.getpid() and _is(proc, daemon, home, False):
+            return proc
     return None
 
 
+def find_all(home):
+    """{daemon: process or None} for every daemon, with one walk of the process table."""
+    import psutil
+    everyone = list(psutil.process_iter())
+    return {daemon: find(home, daemon, everyone) for daemon in DAEMONS}
+
+
 def running_send(home):
-    return _process(_read_pid(home, SEND_PID), "qmail-send")
+    return find(home, SEND)
 
 
-def running_smtpd(home):
-    return _process(_read_pid(home, SMTPD_PID), "qmail-smtpd-listen")
+def _log_positions(logdir, logname):
+    """{inode: size} of the log's files now: what is written later is past these."""
+    from qmailpy.ctl.logwriter import log_set
+    positions = {}
+    for path in log_set(logdir, logname):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        positions[st.st_ino] = st.st_size
+    return positions
 
 
-def running_submission(home):
-    return _process(_read_pid(home, SUBMISSION_PID), "qmail-smtpd-listen")
+def _written_since(logdir, logname, positions):
+    """What the log's files hold beyond positions: a file rotated away counts from
+    where it was, a file new since then (a rotation, even on the first line) whole."""
+    from qmailpy.ctl.logwriter import log_set
+    chunks = []
+    for path in log_set(logdir, logname):
+        try:
+            with open(path, "rb") as f:
+                f.seek(positions.get(os.fstat(f.fileno()).st_ino, 0))
+                chunks.append(f.read())
+        except OSError:
+            continue
+    return b"".join(chunks)
 
 
-def running_listeners(home):
-    return [p for p in (running_smtpd(home), running_submission(home)) if p is not None]
+def _wait_ready(logdir, daemon, positions, proc, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if daemon.ready in _written_since(logdir, daemon.logname, positions):
+            return True
+        if proc.poll() is not None:
+            return daemon.ready in _written_since(logdir, daemon.logname, positions)
+        time.sleep(0.05)
+    return False
 
 
-def running_qmqpd(home):
-    return _process(_read_pid(home, QMQPD_PID), "qmail-qmqpd")
+def _start_one(home, logdir, env, daemon, argv):
+    """Start daemon and wait until its log says it is up: its Popen, or None (and why,
+    on stderr, with the daemon stopped again)."""
+    positions = _log_positions(logdir, daemon.logname)
+    logpath = os.path.join(logdir, daemon.logname)
+    started = _spawn_recorded(argv, env, logpath, daemon.pidname)
+    if started is None:
+        return None
+    proc, writer = started
+    if not _wait_ready(logdir, daemon, positions, proc, START_TIMEOUT):
+        what = " ".join(argv) if daemon.submission is not None else daemon.program
+        print("qmailctl: %s did not start:\n%s" % (
+            what, _written_since(logdir, daemon.logname, positions).decode("utf-8", "replace")),
+            file=sys.stderr)
+        _stop_spawned(proc, writer)
+        _remove_pid(home, daemon, proc.pid)
+        return None
+    return proc
 
 
-def _start_qmqpd(home, logdir, env):
-    """Start qmail-qmqpd unless it runs; False (and why, on stderr) if it does not come up."""
-    if running_qmqpd(home):
-        return True
-    logpath = os.path.join(logdir, QMQPD_LOG)
-    offset = os.path.getsize(logpath) if os.path.exists(logpath) else 0
-    proc = _spawn_recorded(["qmail-qmqpd"], env, logpath, QMQPD_PID)
-    if proc is None:
-        return False
-    if not _wait_for_line(logpath, offset, b"listening on", proc, START_TIMEOUT):
-        print("qmailctl: qmail-qmqpd did not start:\n%s" % _tail(logpath, offset), file=sys.stderr)
-        _stop_started(home)
-        return False
-    print("qmail-qmqpd started (pid %d), log %s" % (proc.pid, logpath))
-    return True
+def _remove_pid(home, daemon, pid=None):
+    """Remove daemon's pid file (only if it names pid, when pid is given)."""
+    path = os.path.join(home, "log", daemon.pidname)
+    if pid is not None and _read_pid(home, daemon.pidname) != pid:
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _spawn_logged(argv, env, logpath, cwd="/"):
@@ -148,7 +246,9 @@ def _spawn_logged(argv, env, logpath, cwd="/"):
     log_r, log_w = os.pipe()
     from qmailpy.ctl.logwriter import limits
     size, count = limits(env["QMAILHOME"])
-    writer = subprocess.Popen([sys.executable, "-m", "qmailpy.ctl.logwriter", logpath, str(size), str(count)],
+    control = os.path.join(env["QMAILHOME"], "control")       # a changed logsize counts at once
+    writer = subprocess.Popen([sys.executable, "-m", "qmailpy.ctl.logwriter", logpath, str(size), str(count),
+                               control],
                               stdin=log_r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True, env=env, cwd="/")
     try:
@@ -176,8 +276,8 @@ def _write_pid(path, pid):
 
 
 def _spawn_recorded(argv, env, logpath, pidname):
-    """_spawn_logged, then the pid in HOME/log/pidname; when that cannot be written
-    (a full disk), stat and stop could not find the daemon: it is stopped, and None."""
+    """_spawn_logged, then the pid in HOME/log/pidname: (process, log writer); when the
+    pid cannot be written (a full disk), the daemon is stopped, and None."""
     proc, writer = _spawn_logged(argv, env, logpath)
     path = os.path.join(os.path.dirname(logpath), pidname)
     try:
@@ -186,7 +286,7 @@ def _spawn_recorded(argv, env, logpath, pidname):
         _stop_spawned(proc, writer)
         print("qmailctl: cannot write %s: %s; %s stopped" % (path, e.strerror, argv[0]), file=sys.stderr)
         return None
-    return proc
+    return proc, writer
 
 
 def _stop_spawned(proc, writer):
@@ -210,33 +310,6 @@ def _stop_spawned(proc, writer):
             child.wait()
 
 
-def _wait_for_line(path, offset, needle, proc, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                if needle in f.read():
-                    return True
-        except OSError:
-            pass
-        if proc.poll() is not None:
-            return False
-        time.sleep(0.05)
-    return False
-
-
-def _tail(path, offset):
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-# --- subcommands --------------------------------------------------------------
-
 def _not_a_home(home):
     """True (after saying so on stderr) when home has no queue/ or control/me."""
     if os.path.isdir(os.path.join(home, "queue")) and os.path.isfile(os.path.join(home, "control", "me")):
@@ -246,121 +319,181 @@ def _not_a_home(home):
     return True
 
 
+LOCK = "qmailctl.lock"
+
+
+def _lock(logdir, create=True):
+    """One start or stop at a time per home: an exclusive lock on HOME/log/qmailctl.lock.
+    Without create (stop), a lock file this account cannot make or open is no lock: None."""
+    import fcntl
+    path = os.path.join(logdir, LOCK)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except PermissionError:
+        if create:
+            raise
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
 def start(args):
+    """Start what is missing, say what already runs; on a failure, stop only what this
+    call started: a start run again after a crash never takes down a healthy daemon."""
     home = _home(args)
     if _not_a_home(home):
         return 1
-    if running_send(home):
-        print("qmailctl: qmail-send is already running in %s" % home, file=sys.stderr)
-        return 1
     try:
         logdir = _logdir(home)
+        lock = _lock(logdir)
     except OSError as e:
-        print("qmailctl: cannot make %s/log: %s" % (home, e.strerror), file=sys.stderr)
+        print("qmailctl: cannot use %s/log: %s" % (home, e.strerror), file=sys.stderr)
         return 1
+    try:
+        return _start_missing(home, logdir, args)
+    finally:
+        os.close(lock)
+
+
+def _start_missing(home, logdir, args):
     env = _env(home)
-    if not _start_qmqpd(home, logdir, env):
-        return 1
-    logpath = os.path.join(logdir, SEND_LOG)
-    offset = os.path.getsize(logpath) if os.path.exists(logpath) else 0
-    proc = _spawn_recorded(["qmail-start", args.defaultdelivery], env, logpath, SEND_PID)
-    if proc is None:
-        _stop_started(home)
-        return 1
-    if not _wait_for_line(logpath, offset, b"status: local", proc, START_TIMEOUT):
-        print("qmailctl: qmail-send did not start:\n%s" % _tail(logpath, offset), file=sys.stderr)
-        _stop_started(home)
-        return 1
-    print("qmail-send started (pid %d), log %s" % (proc.pid, logpath))
-    if args.smtp and not _start_listener(home, logdir, env, args.smtp, SMTPD_LOG, SMTPD_PID):
-        return 1
+    wanted = [(QMQPD, env, ["qmail-qmqpd"]),          # first: qmail-send's bounces go through it
+              (SEND, env, ["qmail-start", args.defaultdelivery])]
+    if args.smtp:
+        wanted.append((SMTPD, env, ["qmail-smtpd-listen", args.smtp]))
     if args.submission:
         for name in ("servercert.pem", "checkpassword"):
             if not os.path.exists(os.path.join(home, "control", name)):
                 print("qmailctl: warning: no control/%s: the submission port cannot offer AUTH,"
                       " so it takes no mail" % name, file=sys.stderr)
-        if not _start_listener(home, logdir, dict(env, SMTPAUTH="!"), args.submission,
-                               SUBMISSION_LOG, SUBMISSION_PID):
+        wanted.append((SUBMISSION, dict(env, SMTPAUTH="!"), ["qmail-smtpd-listen", args.submission]))
+    running = find_all(home)
+    started = []
+    for daemon, daemon_env, argv in wanted:
+        proc = running[daemon]
+        if proc is not None:
+            print("%s already running (pid %d)" % (daemon.label, proc.pid))
+            if _read_pid(home, daemon.pidname) != proc.pid:
+                _restore_pid(logdir, daemon, proc.pid)
+            continue
+        proc = _start_one(home, logdir, daemon_env, daemon, argv)
+        if proc is None:
+            _stop_these(home, started)
             return 1
+        started.append((daemon, proc))
+        where = " on %s" % argv[1] if daemon.submission is not None else ""
+        print("%s started%s (pid %d), log %s" % (daemon.program, where, proc.pid,
+                                                 os.path.join(logdir, daemon.logname)))
     return 0
 
 
-def _start_listener(home, logdir, env, address, logname, pidname):
-    """qmail-smtpd-listen on address; False (what it said on stderr, everything stopped) if it fails."""
-    logpath = os.path.join(logdir, logname)
-    offset = os.path.getsize(logpath) if os.path.exists(logpath) else 0
-    proc = _spawn_recorded(["qmail-smtpd-listen", address], env, logpath, pidname)
-    if proc is None:
-        _stop_started(home)
-        return False
-    if not _wait_for_line(logpath, offset, b"listening on", proc, START_TIMEOUT):
-        print("qmailctl: qmail-smtpd-listen %s did not start:\n%s" % (address, _tail(logpath, offset)),
-              file=sys.stderr)
-        _stop_started(home)
-        return False
-    print("qmail-smtpd-listen started on %s (pid %d), log %s" % (address, proc.pid, logpath))
-    return True
+def _restore_pid(logdir, daemon, pid):
+    path = os.path.join(logdir, daemon.pidname)
+    try:
+        _write_pid(path, pid)
+        print("qmailctl: %s restored" % path)
+    except OSError as e:
+        print("qmailctl: cannot write %s: %s" % (path, e.strerror), file=sys.stderr)
 
 
-def _stop_started(home):
-    """A start that failed half way leaves nothing running: stop what it started."""
+def _stop_these(home, started):
+    """Stop the daemons this start began (qmail-qmqpd last: qmail-send's bounces go through it)."""
     import psutil
-    # qmail-qmqpd last, as stop does: qmail-send's bounces go through it
-    for started in ((*running_listeners(home), running_send(home)), (running_qmqpd(home),)):
-        for proc in _terminate([p for p in started if p is not None], START_TIMEOUT):
+    for group in ([(d, p) for d, p in started if d is not QMQPD], [(d, p) for d, p in started if d is QMQPD]):
+        procs = []
+        for daemon, proc in group:
             try:
-                proc.kill()
+                ps = psutil.Process(proc.pid)
+                procs += [ps] + ps.children(recursive=True)
             except psutil.NoSuchProcess:
                 pass
-    for name in (SMTPD_PID, SUBMISSION_PID, SEND_PID, QMQPD_PID):
-        try:
-            os.unlink(os.path.join(home, "log", name))
-        except OSError:
-            pass
+        for left in _terminate(procs, START_TIMEOUT):
+            try:
+                left.kill()
+            except psutil.NoSuchProcess:
+                pass
+        for daemon, proc in group:
+            proc.wait()
+            _remove_pid(home, daemon, proc.pid)
+            print("%s stopped again" % daemon.label)
 
 
 def _terminate(procs, timeout):
+    """SIGTERM to each; those still alive after timeout. A process of another account
+    raises PermissionError with a message that says so."""
     import psutil
     for proc in procs:
         try:
             proc.send_signal(signal.SIGTERM)
         except psutil.NoSuchProcess:
             pass
+        except psutil.AccessDenied:
+            raise PermissionError("permission denied: %s (pid %d) runs as another account; "
+                                  "run qmailctl as root or as that account" % (_name(proc), proc.pid))
     gone, alive = psutil.wait_procs(procs, timeout=timeout)
     return alive
 
 
+def _name(proc):
+    import psutil
+    try:
+        return os.path.basename(next((p for p in proc.cmdline()[:3] if "qmail" in p), proc.name()))
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "process"
+
+
 def stop(args):
     home = _home(args)
-    send = running_send(home)
-    listeners = running_listeners(home)
-    qmqpd = running_qmqpd(home)
-    if send is None and not listeners and qmqpd is None:
+    logdir = os.path.join(home, "log")
+    try:
+        lock = _lock(logdir, create=False)
+    except OSError as e:
+        print("qmailctl: cannot use %s: %s" % (logdir, e.strerror), file=sys.stderr)
+        return 1
+    try:
+        return _stop_all(home, args.timeout)
+    except PermissionError as e:
+        print("qmailctl: %s" % e, file=sys.stderr)
+        return 1
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _stop_all(home, timeout):
+    import psutil
+    running = find_all(home)
+    if not any(running.values()):
+        for daemon in DAEMONS:
+            _remove_pid(home, daemon)
         print("qmailctl: nothing is running in %s" % home)
         return 0
-    import psutil
-    procs = list(listeners)
+    send = running[SEND]
+    procs = [p for d, p in running.items() if p is not None and d is not QMQPD]
     helpers = []
     if send is not None:
         try:
             helpers = send.children()
         except psutil.NoSuchProcess:
             pass
-        procs.append(send)
-    alive = _terminate(procs, args.timeout)
+    alive = _terminate(procs, timeout)
     if not alive:
-        _, alive = psutil.wait_procs(helpers, timeout=args.timeout)
-    if not alive and qmqpd is not None:       # last: qmail-send's bounces go through it
-        alive = _terminate([qmqpd], args.timeout)
+        _, alive = psutil.wait_procs(helpers, timeout=timeout)
+    if not alive and running[QMQPD] is not None:       # last: qmail-send's bounces go through it
+        alive = _terminate([running[QMQPD]], timeout)
     if alive:
         print("qmailctl: still running after %g s: %s" % (
-            args.timeout, " ".join(str(p.pid) for p in alive)), file=sys.stderr)
+            timeout, " ".join(str(p.pid) for p in alive)), file=sys.stderr)
         return 1
-    for name in (SEND_PID, SMTPD_PID, SUBMISSION_PID, QMQPD_PID):
-        try:
-            os.unlink(os.path.join(home, "log", name))
-        except OSError:
-            pass
+    for daemon in DAEMONS:
+        _remove_pid(home, daemon)
     print("stopped")
     return 0
 
@@ -379,22 +512,28 @@ def _describe(proc):
 
 
 def stat(args):
+    """Each daemon, qmail-send's helpers and the queue counts; exit 1 when qmail-send or
+    qmail-qmqpd is down, or a listener whose pid file remains (it was started and has
+    not been stopped) is gone."""
     home = _home(args)
     if _not_a_home(home):
         return 1
-    send = running_send(home)
+    running = find_all(home)
     code = 0
-    if send is None:
-        print("qmail-send: not running")
-        code = 1
-    else:
-        print(_describe(send))
-        for child in send.children():
-            print("  " + _describe(child))
-    for listener in running_listeners(home):
-        print(_describe(listener))
-    qmqpd = running_qmqpd(home)
-    print(_describe(qmqpd) if qmqpd is not None else "qmail-qmqpd: not running")
+    for daemon in DAEMONS:
+        proc = running[daemon]
+        if proc is not None:
+            print(_describe(proc))
+            if daemon is SEND:
+                for child in _children(proc):
+                    print("  " + _describe(child))
+        elif daemon.submission is None:
+            print("%s: not running" % daemon.label)
+            code = 1
+        elif _read_pid(home, daemon.pidname) is not None:
+            print("%s: not running (log/%s names pid %d; qmailctl start starts it again)" % (
+                daemon.label, daemon.pidname, _read_pid(home, daemon.pidname)))
+            code = 1
     from qmailpy.backends import open_backend
     try:
         total, todo = open_backend(home).counts()
@@ -406,13 +545,27 @@ def stat(args):
     return code
 
 
+def _children(proc):
+    import psutil
+    try:
+        return proc.children()
+    except psutil.NoSuchProcess:
+        return []
+
+
 def _signal(args, signum, what):
     home = _home(args)
     send = running_send(home)
     if send is None:
         print("qmailctl: qmail-send is not running in %s" % home, file=sys.stderr)
         return 1
-    send.send_signal(signum)
+    import psutil
+    try:
+        send.send_signal(signum)
+    except psutil.AccessDenied:
+        print("qmailctl: permission denied: qmail-send (pid %d) runs as another account;"
+              " run qmailctl as root or as that account" % send.pid, file=sys.stderr)
+        return 1
     print(what)
     return 0
 

@@ -7,7 +7,9 @@ when the next lines would take the current file past control/logsize bytes, it
 fsyncs the file, renames it to NAME.@STAMP.log (STAMP the UTC time of the
 rotation, so names sort oldest first and before the current NAME.log) and
 starts a new one, keeping the newest control/logcount rotated files and
-deleting older ones. Lines are never split across files.
+deleting older ones. Lines are never split across files. Given the control
+directory, it reads logsize and logcount again whenever either file changes, so
+a new limit counts without a restart.
 
 Like multilog, it never drops a line either: when the file system is full (or a
 write fails otherwise) it pauses and tries again every PAUSE seconds. Meanwhile
@@ -146,9 +148,36 @@ class RotatingLog:
         os.close(self.fd)
 
 
-def write_log(path, infd=0, size=DEFAULT_SIZE, count=DEFAULT_COUNT):
+class LiveLimits:
+    """control/logsize and control/logcount, read again when either file changes."""
+
+    def __init__(self, control):
+        self.control = control
+        self.seen = self._stamp()
+
+    def _stamp(self):
+        stamp = []
+        for name in (SIZE_CONTROL, COUNT_CONTROL):
+            try:
+                st = os.stat(os.path.join(self.control, name))
+                stamp.append((st.st_ino, st.st_mtime_ns, st.st_size))
+            except OSError:
+                stamp.append(None)
+        return stamp
+
+    def changed(self):
+        """(size, count) when a file changed since last asked, else None."""
+        stamp = self._stamp()
+        if stamp == self.seen:
+            return None
+        self.seen = stamp
+        return limits(os.path.dirname(self.control))
+
+
+def write_log(path, infd=0, size=DEFAULT_SIZE, count=DEFAULT_COUNT, control=None):
     """Copy lines from infd to path (rotating), each prefixed with an ISO-8601 UTC timestamp."""
     out = RotatingLog(path, size, count)
+    live = LiveLimits(control) if control else None
     pending = b""
     while True:
         try:
@@ -160,6 +189,9 @@ def write_log(path, infd=0, size=DEFAULT_SIZE, count=DEFAULT_COUNT):
         lines = (pending + data).split(b"\n")
         pending = lines.pop()
         if lines:
+            new = live.changed() if live else None
+            if new:
+                out.size, out.count = new
             stamp = iso_now().encode() + b" "
             out.write_lines([stamp + line + b"\n" for line in lines])
     if pending:
@@ -169,9 +201,9 @@ def write_log(path, infd=0, size=DEFAULT_SIZE, count=DEFAULT_COUNT):
 
 
 def main(argv):
-    """python -m qmailpy.ctl.logwriter PATH [SIZE COUNT]"""
-    size, count = (int(argv[2]), int(argv[3])) if len(argv) == 4 else (DEFAULT_SIZE, DEFAULT_COUNT)
-    return write_log(argv[1], 0, size, count)
+    """python -m qmailpy.ctl.logwriter PATH [SIZE COUNT [CONTROLDIR]]"""
+    size, count = (int(argv[2]), int(argv[3])) if len(argv) >= 4 else (DEFAULT_SIZE, DEFAULT_COUNT)
+    return write_log(argv[1], 0, size, count, argv[4] if len(argv) == 5 else None)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,140 @@
+"""`qmailctl start` run again after a crash (issue 25): with no supervisor, the administrator
+(or cron) runs the same start again; it starts what is missing, says what already runs, and
+stops nothing it did not start. `stat` exits 1 while a daemon is down. A log that rotates on
+its first line does not fail a start."""
+import os
+import re
+import signal
+import smtplib
+import subprocess
+
+import psutil
+import pytest
+
+from lspawn_harness import LocalUsers
+from qmailpy.ctl.logwriter import log_set
+from test_ctl_full_disk import running_in
+from test_delivery_local import wait_maildir
+from test_send_qmailctl import ctl, free_port
+from test_smtpd_support import TIMEOUT
+from test_smtpd_tls import certs, tls_home  # noqa: F401 (fixtures)
+
+PIDS = {"qmail-qmqpd": "qmail-qmqpd.pid", "qmail-send": "qmail-send.pid",
+        "smtp": "qmail-smtpd.pid", "submission": "qmail-submission.pid"}
+PROGRAM = {"qmail-qmqpd": "qmail-qmqpd", "qmail-send": "qmail-send",
+           "smtp": "qmail-smtpd-listen", "submission": "qmail-smtpd-listen"}
+
+
+def pid_of(home, name):
+    with open(os.path.join(home.path, "log", PIDS[name])) as f:
+        return int(f.read())
+
+
+def pids(home):
+    return {name: pid_of(home, name) for name in PIDS}
+
+
+def kill9(pid):
+    proc = psutil.Process(pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+@pytest.fixture
+def server(tls_home):
+    smtp, submission = free_port(), free_port()
+    command = ("start", "--smtp", "127.0.0.1:%d" % smtp, "--submission", "127.0.0.1:%d" % submission)
+    done = ctl(tls_home, *command)
+    try:
+        assert done.returncode == 0, done.stderr.decode()
+        yield tls_home, command, smtp, submission
+    finally:
+        ctl(tls_home, "stop")
+
+
+def test_the_same_start_after_each_kill_restarts_only_the_dead_one(server, certs):
+    home, command, smtp, submission = server
+    for victim in ("qmail-qmqpd", "qmail-send", "smtp", "submission"):
+        before = pids(home)
+        helpers = psutil.Process(before["qmail-send"]).children() if victim == "qmail-send" else []
+        kill9(before[victim])
+        assert psutil.wait_procs(helpers, timeout=30)[1] == []     # they end when qmail-send does
+        stat = ctl(home, "stat")
+        assert stat.returncode == 1, stat.stdout.decode()
+        again = ctl(home, *command)
+        out = again.stdout.decode()
+        assert again.returncode == 0, (victim, out, again.stderr.decode())
+        after = pids(home)
+        assert after[victim] != before[victim]
+        assert re.search(r"^%s started" % PROGRAM[victim], out, re.M), out
+        for other in PIDS:
+            if other != victim:
+                assert after[other] == before[other], (victim, other)
+                assert psutil.Process(after[other]).is_running()
+        assert out.count("already running") == 3, out
+        assert ctl(home, "stat").returncode == 0
+
+    # pid files gone: the daemons are found by what they run, and the files written again
+    for name in ("qmail-qmqpd", "smtp"):
+        os.unlink(os.path.join(home.path, "log", PIDS[name]))
+    again = ctl(home, *command)
+    assert again.returncode == 0, again.stderr.decode()
+    assert again.stdout.decode().count("already running") == 4, again.stdout
+    assert b"qmail-qmqpd.pid restored" in again.stdout and b"qmail-smtpd.pid restored" in again.stdout
+    final = pids(home)
+    assert all(psutil.Process(pid).is_running() for pid in final.values())
+
+    # mail through every entry point: SMTP, submission (TLS and AUTH), sendmail
+    bench = LocalUsers(home).add("bench")
+    with smtplib.SMTP("127.0.0.1", smtp, timeout=TIMEOUT) as s:
+        s.sendmail("joe@far.example", ["bench@test.example"], b"Subject: via smtp\r\n\r\nhi\r\n")
+    with smtplib.SMTP("127.0.0.1", submission, timeout=TIMEOUT) as s:
+        s.starttls(context=certs.client_context())
+        s.login("alice", "s3cret")
+        s.sendmail("alice@test.example", ["bench@test.example"], b"Subject: via submission\r\n\r\nhi\r\n")
+    sent = home.run(["sendmail", "-f", "joe@test.example", "bench@test.example"],
+                    input=b"Subject: via sendmail\n\nhi\n")
+    assert sent.returncode == 0, sent.stderr
+    got = wait_maildir(os.path.join(bench, "Maildir"), 3)
+    assert sorted(re.search(rb"Subject: via (\w+)", m).group(1) for m in got) == [
+        b"sendmail", b"smtp", b"submission"]
+
+    stop = ctl(home, "stop")
+    assert stop.returncode == 0, stop.stderr
+    assert psutil.wait_procs(running_in(home), timeout=30)[1] == []
+    assert not [n for n in os.listdir(os.path.join(home.path, "log")) if n.endswith(".pid")]
+
+
+def test_a_start_whose_log_rotates_on_its_first_line(qmail_home):
+    qmail_home.control("logsize", "4096\n")
+    logdir = os.path.join(qmail_home.path, "log")
+    os.makedirs(logdir, exist_ok=True)
+    with open(os.path.join(logdir, "qmail-send.log"), "wb") as f:
+        f.write(b"2026-01-01T00:00:00.000000Z status: exiting\n" * 92)     # 4048 bytes
+    done = ctl(qmail_home, "start")
+    try:
+        assert done.returncode == 0, done.stderr.decode()
+        assert b"qmail-send started" in done.stdout
+        logs = log_set(logdir, "qmail-send.log")
+        assert len(logs) >= 2                                    # it did rotate
+        with open(logs[-1], "rb") as f:
+            assert b" status: local 0/10 remote 0/20\n" in f.read()
+    finally:
+        stop = ctl(qmail_home, "stop")
+    assert stop.returncode == 0, stop.stderr
+
+
+def test_stop_by_an_account_that_may_not_signal_says_so(qmail_home):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the daemons must run as an account other than the caller's")
+    assert ctl(qmail_home, "start").returncode == 0
+    try:
+        done = subprocess.run(["qmailctl", "stop", "--home", qmail_home.path], env=qmail_home.env,
+                              capture_output=True, timeout=60, user="daemon", group="daemon",
+                              extra_groups=[])
+        err = done.stderr.decode()
+        assert done.returncode == 1 and "Traceback" not in err, err
+        assert re.match(r"qmailctl: permission denied: qmail-\w+ \(pid \d+\) runs as another account", err), err
+        assert ctl(qmail_home, "stat").returncode == 0           # nothing was stopped
+    finally:
+        assert ctl(qmail_home, "stop").returncode == 0
