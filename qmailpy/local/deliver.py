@@ -45,7 +45,7 @@ def check_home(flagdoit, errfd):
     except OSError as e:
         raise Failure(111, b"Unable to stat home directory: " + error_str(e)
                       + b". (#4.3.0)") from e
-    if st.st_mode & 0o002:
+    if st.st_mode & dotqmail.PATERNALISM:
         raise Failure(111, b"Uh-oh: home directory is writable. (#4.7.0)")
     if st.st_mode & 0o1000:
         if flagdoit:

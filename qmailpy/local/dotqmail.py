@@ -10,6 +10,10 @@ import stat
 
 from qmailpy.local.errors import Failure, error_str, error_temp
 
+# qmail's conf-patrn: the mode bits that make a home directory or a .qmail file refused
+# ("paternalism"; qmail-showctl prints it in decimal).
+PATERNALISM = 0o002
+
 
 def safe_ext(ext):
     """The extension as it appears in file names: lowercased, '.' -> ':'."""
@@ -41,7 +45,7 @@ def read_candidate(name):
             raise _temp_open_failure(name, e) from e
         if not stat.S_ISREG(st.st_mode):
             return None
-        if st.st_mode & 0o002:
+        if st.st_mode & PATERNALISM:
             raise Failure(111, b"Uh-oh: .qmail file is writable. (#4.7.0)")
         forward_only = bool(st.st_mode & 0o100)
         chunks = []

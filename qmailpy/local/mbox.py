@@ -42,7 +42,9 @@ def _lock(fd, timeout):
         signal.signal(signal.SIGALRM, old)
 
 
-def _is_from(line):
+def is_from(line):
+    """A line an mbox reader would take for a message's start: 'From ' after any '>'s
+    (qmail's gfrom; such a line gets one more '>')."""
     return line.lstrip(b">").startswith(b"From ")
 
 
@@ -53,7 +55,7 @@ def _quoted(msgfd):
     out = bytearray()
     last = b"\n"
     for line in reader:
-        if _is_from(line):
+        if is_from(line):
             out += b">"
         out += line
         last = line

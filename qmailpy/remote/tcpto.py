@@ -158,3 +158,57 @@ class Table:
             write(slot, record)
         finally:
             os.close(lockfd)
+
+
+class AccessError(Exception):
+    """qmail-tcpto / qmail-tcpok could not do `stage` ('open', 'lock', 'read', 'clear') to the table."""
+
+    def __init__(self, stage, error):
+        super().__init__("%s: %s" % (stage, error))
+        self.stage, self.error = stage, error
+
+
+def listed(path, layout=IPV4):
+    """[(address bytes, count, time of the last timeout)] of the records with a count of 1 or
+    more, read under the lock as qmail-tcpto does."""
+    fds = []
+    try:
+        stage = "open"
+        fds.append(os.open(path, os.O_WRONLY))
+        fds.append(os.open(path, os.O_RDONLY))
+        stage = "lock"
+        fcntl.flock(fds[0], fcntl.LOCK_EX)
+        stage = "read"
+        data = os.read(fds[1], layout.size)
+    except OSError as e:
+        raise AccessError(stage, e) from e
+    finally:
+        for fd in fds:
+            os.close(fd)
+    found = []
+    for record in _records(data[:len(data) // layout.record * layout.record], layout):
+        if record[layout.count_at] >= 1:
+            found.append((bytes(record[:layout.addr_len]), record[layout.count_at],
+                          struct.unpack_from("<I", record, layout.when_at)[0]))
+    return found
+
+
+def clear(path, layout=IPV4):
+    """Overwrite the table with NULs under the lock (qmail-tcpok), reporting failures."""
+    stage = "open"
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError as e:
+        raise AccessError(stage, e) from e
+    try:
+        stage = "lock"
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        stage = "clear"
+        zeros = bytes(layout.size)
+        done = 0
+        while done < len(zeros):
+            done += os.write(fd, zeros[done:])
+    except OSError as e:
+        raise AccessError(stage, e) from e
+    finally:
+        os.close(fd)
