@@ -1,0 +1,208 @@
+"""qmail-popup and qmail-pop3d on real TCP connections, with the bytes qmail-popup.c and
+qmail-pop3d.c write (docs: man/qmail-popup.8, man/qmail-pop3d.8)."""
+import os
+import re
+import ssl
+import subprocess
+
+import pytest
+
+from pop3_helpers import AS_ROOT, Mailbox, Session
+from tls_certs import make_certs
+
+FIRST = b"Subject: one\nFrom: a@example.com\n\nbody 1\n.dotted\n..two dots\nlast line\n"
+SECOND = b"Subject: two\n\nno final newline"
+
+
+@pytest.fixture
+def mailbox(qmail_home):
+    box = Mailbox(qmail_home)
+    box.deliver("1000.1.test", FIRST, 1000)
+    box.deliver("2000.2.test", SECOND, 2000)
+    return box
+
+
+def test_the_full_command_set_answers_as_qmail(mailbox):
+    s = Session(mailbox)
+    greeting = s.line()
+    assert re.fullmatch(rb"\+OK <%d\.\d+@test\.example>\r\n" % s.proc.pid, greeting)
+    assert s.cmd("STAT") == b"-ERR authorization first\r\n"
+    assert s.cmd("PASS x") == b"-ERR USER first\r\n"
+    assert s.cmd("USER") == b"-ERR syntax error\r\n"
+    assert s.cmd("NOOP") == b"+OK \r\n"
+    assert s.cmd("user alice") == b"+OK \r\n"
+    assert s.cmd("pass s3cret") == b"+OK \r\n"
+    total = len(FIRST) + len(SECOND)
+    assert s.cmd("STAT") == b"+OK 2 %d\r\n" % total
+    s.send(b"LIST\r\n")
+    assert s.multiline() == b"+OK \r\n1 %d\r\n2 %d\r\n.\r\n" % (len(FIRST), len(SECOND))
+    assert s.cmd("LIST 2") == b"+OK 2 %d\r\n" % len(SECOND)
+    s.send(b"UIDL\r\n")
+    assert s.multiline() == b"+OK \r\n1 1000.1.test\r\n2 2000.2.test\r\n.\r\n"
+    assert s.cmd("UIDL 1") == b"+OK 1 1000.1.test\r\n"
+    s.send(b"TOP 1 2\r\n")
+    assert s.multiline() == (b"+OK \r\nSubject: one\r\nFrom: a@example.com\r\n\r\nbody 1\r\n"
+                             b"..dotted\r\n\r\n.\r\n")
+    s.send(b"TOP 1 0\r\n")
+    assert s.multiline() == b"+OK \r\nSubject: one\r\nFrom: a@example.com\r\n\r\n\r\n.\r\n"
+    s.send(b"RETR 1\r\n")
+    assert s.multiline() == (b"+OK \r\nSubject: one\r\nFrom: a@example.com\r\n\r\nbody 1\r\n"
+                             b"..dotted\r\n...two dots\r\nlast line\r\n\r\n.\r\n")
+    s.send(b"RETR 2\r\n")
+    assert s.multiline() == b"+OK \r\nSubject: two\r\n\r\nno final newline\r\n\r\n.\r\n"
+    assert s.cmd("RETR 0") == b"-ERR messages are counted from 1\r\n"
+    assert s.cmd("RETR 3") == b"-ERR not that many messages\r\n"
+    assert s.cmd("RETR x") == b"-ERR syntax error\r\n"
+    assert s.cmd("DELE") == b"-ERR syntax error\r\n"
+    assert s.cmd("LAST") == b"+OK 0\r\n"
+    assert s.cmd("DELE 1") == b"+OK \r\n"
+    assert s.cmd("DELE 1") == b"-ERR already deleted\r\n"
+    assert s.cmd("RETR 1") == b"-ERR already deleted\r\n"
+    assert s.cmd("LAST") == b"+OK 1\r\n"
+    # qmail counts every message, the size only of those left
+    assert s.cmd("STAT") == b"+OK 2 %d\r\n" % len(SECOND)
+    s.send(b"LIST\r\n")
+    assert s.multiline() == b"+OK \r\n2 %d\r\n.\r\n" % len(SECOND)
+    assert s.cmd("RSET") == b"+OK \r\n"
+    assert s.cmd("LAST") == b"+OK 0\r\n"
+    assert s.cmd("CAPA") == b"-ERR unimplemented\r\n"
+    assert s.cmd("NOOP") == b"+OK \r\n"
+    assert s.cmd("DELE 2") == b"+OK \r\n"
+    assert mailbox.names("new") == ["1000.1.test", "2000.2.test"]   # nothing before QUIT
+    assert s.cmd("QUIT") == b"+OK \r\n"
+    assert s.line() == b""
+    assert s.close() == 1           # qmail-popup's exit status, whatever happened
+    assert mailbox.names("new") == []
+    assert mailbox.names("cur") == ["1000.1.test:2,"]
+
+
+def test_a_wrong_password_ends_the_session_and_changes_nothing(mailbox):
+    s = Session(mailbox)
+    s.line()
+    assert s.cmd("USER alice") == b"+OK \r\n"
+    assert s.cmd("PASS wrong") == b"-ERR authorization failed\r\n"
+    assert s.line() == b""
+    assert s.close() == 1
+    s = Session(mailbox)
+    s.line()
+    assert s.cmd("APOP alice 0123456789abcdef") == b"-ERR authorization failed\r\n"
+    assert s.close() == 1
+    assert mailbox.names("new") == ["1000.1.test", "2000.2.test"]
+
+
+def test_a_message_deleted_or_moved_by_another_session(mailbox):
+    a, b = Session(mailbox), Session(mailbox)
+    a.login()
+    b.login()
+    assert a.cmd("DELE 1") == b"+OK \r\n"
+    assert a.cmd("QUIT") == b"+OK \r\n"          # 1 removed, 2 moved to cur/
+    a.close()
+    assert mailbox.names("cur") == ["2000.2.test:2,"]
+    assert b.cmd("RETR 1") == b"-ERR unable to open that message\r\n"
+    b.send(b"RETR 2\r\n")                          # found where the other session put it
+    assert b.multiline().startswith(b"+OK \r\nSubject: two\r\n")
+    assert b.cmd("DELE 1") == b"+OK \r\n"
+    assert b.cmd("DELE 2") == b"+OK \r\n"
+    assert b.cmd("QUIT") == b"+OK \r\n"
+    b.close()
+    assert mailbox.names("new") == mailbox.names("cur") == []
+
+
+def test_a_maildir_the_user_cannot_write_or_read(mailbox):
+    for sub in ("new", "cur"):
+        os.chmod(os.path.join(mailbox.maildir, sub), 0o500)
+    s = Session(mailbox)
+    s.login()
+    assert s.cmd("DELE 1") == b"+OK \r\n"
+    assert s.cmd("QUIT") == b"-ERR unable to unlink all deleted messages\r\n"
+    assert s.line() == b"+OK \r\n"
+    s.close()
+    assert mailbox.names("new") == ["1000.1.test", "2000.2.test"]
+    os.chmod(os.path.join(mailbox.maildir, "cur"), 0)
+    s = Session(mailbox)
+    s.line()
+    s.cmd("USER alice")
+    assert s.cmd("PASS s3cret") == b"-ERR unable to scan $HOME/Maildir\r\n"
+    s.close()
+    os.rename(mailbox.maildir, mailbox.maildir + ".gone")
+    s = Session(mailbox)
+    s.line()
+    s.cmd("USER alice")
+    assert s.cmd("PASS s3cret") == b"-ERR this user has no $HOME/Maildir\r\n"
+    s.close()
+
+
+def test_a_client_that_disconnects_mid_retr_loses_nothing(mailbox):
+    big = b"Subject: big\n\n" + b"x" * 999 + b"\n"
+    mailbox.deliver("3000.3.test", big * 4000, 3000)
+    s = Session(mailbox)
+    s.login()
+    assert s.cmd("DELE 1") == b"+OK \r\n"
+    s.send(b"RETR 3\r\n")
+    assert s.line() == b"+OK \r\n"
+    s.sock.setsockopt(__import__("socket").SOL_SOCKET, __import__("socket").SO_LINGER,
+                      b"\1\0\0\0\0\0\0\0")      # a reset, as a client that crashed
+    s.close()
+    assert mailbox.names("new") == ["1000.1.test", "2000.2.test", "3000.3.test"]
+    assert mailbox.names("cur") == []
+
+
+def test_usage_and_root(qmail_home, mailbox):
+    s = Session(mailbox, argv=["qmail-popup", "test.example"])
+    assert s.line() == b"-ERR usage: popup hostname subprogram\r\n"
+    assert s.close() == 1
+    r = qmail_home.run(["qmail-pop3d"], cwd=mailbox.path,
+                       **({"user": qmail_home.uid, "group": qmail_home.gid} if AS_ROOT else {}))
+    assert (r.returncode, r.stdout) == (0, b"-ERR this user has no $HOME/Maildir\r\n")
+    if AS_ROOT:
+        r = qmail_home.run(["qmail-pop3d", mailbox.maildir])
+        assert (r.returncode, r.stderr) == (1, b"qmail-pop3d invoked as uid 0, terminating\n")
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_certs(str(tmp_path_factory.mktemp("certs")))
+
+
+def _starttls(s, certs):
+    assert s.cmd("STLS") == b"+OK begin TLS negotiation\r\n"
+    s.file.close()
+    s.sock = certs.client_context().wrap_socket(s.sock, server_hostname="localhost")
+    s.file = s.sock.makefile("rb")
+
+
+def test_stls_with_the_smtp_certificate_and_required_before_user(qmail_home, mailbox, certs):
+    qmail_home.control("servercert.pem", certs.server_bytes())
+    qmail_home.control("pop3requiretls", "1\n")
+    s = Session(mailbox, TCPREMOTEIP="192.0.2.7")
+    s.line()
+    s.send(b"CAPA\r\n")
+    assert s.multiline() == b"+OK capability list follows\r\nTOP\r\nUIDL\r\nSTLS\r\n.\r\n"
+    assert s.cmd("USER alice") == b"-ERR use STLS first\r\n"
+    assert s.cmd("PASS s3cret") == b"-ERR use STLS first\r\n"
+    _starttls(s, certs)
+    assert s.cmd("STLS") == b"-ERR TLS not available\r\n"
+    assert s.cmd("USER alice") == b"+OK \r\n"
+    assert s.cmd("PASS s3cret") == b"+OK \r\n"
+    assert s.cmd("STAT") == b"+OK 2 %d\r\n" % (len(FIRST) + len(SECOND))
+    s.send(b"RETR 2\r\n")
+    assert s.multiline() == b"+OK \r\nSubject: two\r\n\r\nno final newline\r\n\r\n.\r\n"
+    assert s.cmd("DELE 2") == b"+OK \r\n"
+    assert s.cmd("QUIT") == b"+OK \r\n"
+    assert s.line() == b""
+    s.close()
+    assert mailbox.names("cur") == ["1000.1.test:2,"]
+    # from a loopback address the administrator's rule does not apply
+    s = Session(mailbox)
+    s.login()
+    s.close()
+
+
+def test_commands_pipelined_behind_stls_are_dropped(qmail_home, mailbox, certs):
+    qmail_home.control("servercert.pem", certs.server_bytes())
+    s = Session(mailbox)
+    s.line()
+    s.send(b"STLS\r\nUSER alice\r\n")
+    _starttls(s, certs)
+    assert s.cmd("PASS s3cret") == b"-ERR USER first\r\n"
+    s.close()
