@@ -211,3 +211,31 @@ def test_keygen_files_and_refusals(qmail_home):
     assert again.returncode == 100 and b"already has a key" in again.stderr
     bad = qmail_home.run(["qmailctl", "dkim", "keygen", "exa mple.test", "s2"])
     assert bad.returncode == 100 and b"is not a domain name" in bad.stderr
+
+
+def test_sendmail_mail_and_bounces_signed_end_to_end(qmail_home):
+    """Through qmail-send, qmail-rspawn's workers and qmail-remote: mail from sendmail and
+    the bounce of a message from a remote sender both leave signed."""
+    from send_harness import Daemons
+    rsa = keygen(qmail_home, "example.test", "rsa1")
+    ed = keygen(qmail_home, "test.example", "ed1", "--ed25519")       # control/me: the bounces
+    with dnsmasq_for([("rsa1._domainkey.example.test", rsa),
+                      ("ed1._domainkey.test.example", ed)]) as server, Smtpd() as peer:
+        qmail_home.control("smtproutes", "x.test:127.0.0.1:%d\n" % peer.port)
+        daemons = Daemons(qmail_home)
+        try:
+            daemons.start()
+            daemons.wait_line(r"^status: ")
+            done = qmail_home.run(["sendmail", "-f", "joe@example.test", "ann@x.test"], input=MESSAGE)
+            assert done.returncode == 0, done.stderr
+            done = qmail_home.queue_message(b"From: ann@x.test\nSubject: to nobody\n\nhi\n",
+                                            b"ann@x.test", [b"nosuchuser@test.example"])
+            assert done.returncode == 0, done.stderr
+            daemons.wait_line(r"^delivery \d+: success: 127.0.0.1_accepted_message", 2)
+        finally:
+            daemons.kill()
+        assert sorted(t.mail_from for t in peer.transactions) == ["<>", "joe@example.test"]
+        for t in peer.transactions:
+            [tags] = signature_tags(t.data)
+            assert tags[b"d"] == (b"test.example" if t.mail_from == "<>" else b"example.test")
+            assert dkimpy_results(t.data, server) == [True]
