@@ -168,17 +168,19 @@ class ReplyWriter:
         fsync_dir(self.directory)
 
 
-def write_atomically(directory, name, data, mode=0o600):
-    """directory/name appears whole or not at all (written as .name, synced, renamed).
-    A command is written 0644 (qmailctl may run as root, qmail-send as qmails: the
-    directory, 0700, keeps everyone else out)."""
-    tmp = os.path.join(directory, "." + name)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+def write_atomically(dir_fd, name, data, mode=0o600):
+    """name appears whole or not at all in the directory dir_fd (written as .name, a
+    new file, synced, renamed). A command is written 0644 (qmailctl may run as root,
+    qmail-send as qmails: the directory, 0700, keeps everyone else out); root writes
+    through the directory's descriptor and never follows a name qmails could plant."""
+    tmp = "." + name
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                 dir_fd=dir_fd)
     try:
         write_all(fd, data)
         os.fsync(fd)
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
-    os.rename(tmp, os.path.join(directory, name))
-    fsync_dir(directory)
+    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    os.fsync(dir_fd)

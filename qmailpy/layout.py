@@ -151,42 +151,87 @@ def create_hierarchy(home, entries=None, owners=None, set_owners=False):
     """Create every entry that is missing and set modes (and owners when asked).
 
     Existing entries keep their contents; their mode and owner are set again,
-    so running it twice is harmless. Returns the list of paths created.
+    so running it twice is harmless. Returns the list of paths created. Run as
+    root, it works in directories qmailq and qmails own: each name is opened
+    relative to its parent's descriptor without following symlinks, and modes
+    and owners are set through the descriptor (qmailpy.nofollow); a symlink, a
+    linked file or an entry of the wrong type is a LayoutError.
     """
-    import stat
+    from qmailpy import nofollow
     entries = load_layout() if entries is None else entries
     created = []
     old = os.umask(0)
+    dirs = {}
     try:
+        dirs["."] = os.open(home, nofollow.DIR_FLAGS)
         for entry in entries:
             for rel in entry.paths():
-                path = os.path.join(home, rel)
-                if entry.type in ("dir", "split"):
-                    if not os.path.isdir(path):
-                        os.mkdir(path, entry.mode & 0o777)
-                        created.append(rel)
-                elif entry.type == "fifo":
-                    if not os.path.lexists(path):
-                        os.mkfifo(path, entry.mode & 0o777)
-                        created.append(rel)
-                    elif not stat.S_ISFIFO(os.lstat(path).st_mode):
-                        raise LayoutError("%s exists and is not a named pipe" % rel)
-                else:
-                    if not os.path.lexists(path):
-                        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, entry.mode & 0o777)
-                        try:
-                            if entry.size:
-                                os.write(fd, b"\0" * entry.size)
-                            os.fsync(fd)
-                        finally:
-                            os.close(fd)
-                        created.append(rel)
-                if set_owners:
-                    os.lchown(path, owners.uid(entry.owner), owners.gid(entry.group))
-                os.chmod(path, entry.mode)    # after chown, which clears setgid bits
+                try:
+                    fd = _create_entry(dirs, rel, entry, created)
+                except nofollow.Refused as e:
+                    raise LayoutError("%s: %s: refused" % (os.path.join(home, rel), e.why)) from None
+                try:
+                    if set_owners:
+                        os.fchown(fd, owners.uid(entry.owner), owners.gid(entry.group))
+                    os.fchmod(fd, entry.mode)    # after chown, which clears setgid bits
+                finally:
+                    if rel not in dirs:
+                        os.close(fd)
     finally:
         os.umask(old)
+        for fd in dirs.values():
+            os.close(fd)
     return created
+
+
+def _create_entry(dirs, rel, entry, created):
+    """A descriptor of rel, made first when missing; directories stay open in dirs
+    (their children are made through them)."""
+    import errno
+    import stat
+    from qmailpy import nofollow
+    if rel == ".":
+        return dirs["."]
+    parent, name = os.path.split(rel)
+    parent = parent or "."
+    if parent not in dirs:
+        raise LayoutError("layout.conf: %s comes before its directory" % rel)
+    pfd = dirs[parent]
+    mode = entry.mode & 0o777
+    if entry.type in ("dir", "split"):
+        try:
+            os.mkdir(name, mode, dir_fd=pfd)
+            created.append(rel)
+        except FileExistsError:
+            pass
+        dirs[rel] = nofollow.open_dir(name, pfd)
+        return dirs[rel]
+    if entry.type == "fifo":
+        try:
+            os.mkfifo(name, mode, dir_fd=pfd)
+            created.append(rel)
+        except FileExistsError:
+            pass
+        try:
+            return nofollow.open_file(name, pfd, kind=stat.S_IFIFO)
+        except nofollow.Refused:
+            raise LayoutError("%s exists and is not a named pipe" % rel) from None
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     mode, dir_fd=pfd)
+    except OSError as e:
+        if e.errno != errno.EEXIST:
+            raise
+        return nofollow.open_file(name, pfd)
+    try:
+        if entry.size:
+            os.write(fd, b"\0" * entry.size)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    created.append(rel)
+    return fd
 
 
 def backend_is_log(home):

@@ -152,12 +152,28 @@ def write_roles(home, roles):
         lines.append("%s:%s\n" % (role, roles[role]))
     # a new inode, renamed into place: a reader never sees half a file, and a process that
     # read the old one sees the change (load_roles compares the inode, not only the times)
-    path = os.path.join(home, ROLES_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.writelines(lines)
-    os.chmod(tmp, 0o644)
-    os.rename(tmp, path)
+    # through control/'s descriptor, the temporary name made afresh: root writes here
+    # also in a single-user home, whose control/ its user owns (docs/security.md)
+    from qmailpy import nofollow
+    from qmailpy.fileio import write_all
+    directory, name = os.path.split(ROLES_FILE)
+    tmp = name + ".tmp"
+    dfd = nofollow.open_path(home, directory)
+    try:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644, dir_fd=dfd)
+        try:
+            write_all(fd, "".join(lines).encode())
+            os.fchmod(fd, 0o644)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        os.close(dfd)
 
 
 def single_user(roles):

@@ -65,6 +65,26 @@ def _more_descriptors(wanted=4096):
             pass
 
 
+def _make_run_dir(home, rel, uid, gid):
+    """run/ for a home made before it existed: made by root in the home (root's own
+    directory), then given to qmailq through its descriptor."""
+    from qmailpy import nofollow
+    hfd = os.open(home, nofollow.DIR_FLAGS)
+    try:
+        try:
+            os.mkdir(rel, 0o755, dir_fd=hfd)
+        except FileExistsError:
+            return
+        if uid is not None:
+            fd = nofollow.open_dir(rel, hfd)
+            try:
+                os.fchown(fd, uid, gid)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(hfd)
+
+
 def main(argv=None):
     args = _parse(sys.argv[1:] if argv is None else argv)
     import socket
@@ -91,17 +111,10 @@ def main(argv=None):
     bound_path = None
     if local is None:
         try:
-            if not os.path.isdir(os.path.dirname(path)):      # a home made before run/ existed
-                os.mkdir(os.path.dirname(path), 0o755)
-                if root:
-                    os.chown(os.path.dirname(path), owner.uid, group)
-            local = server.bind_local(path)
-            if root:
-                os.chown(path, owner.uid, group)
+            _make_run_dir(home, os.path.dirname(SOCKET), owner.uid if root else None, group)
         except OSError as e:
-            _say("fatal: unable to listen on %s: %s" % (path, e.strerror))
+            _say("fatal: unable to make %s: %s" % (os.path.dirname(path), e.strerror or e))
             return 111
-        bound_path = path
     if tcp is None and args.tcp is not None:
         try:
             tcp = server.bind_tcp(*args.tcp)
@@ -126,6 +139,15 @@ def main(argv=None):
     except (OSError, privs.PrivError) as e:
         _say("fatal: unable to become qmailq: %s" % e)
         return 111
+    if local is None:
+        # bound as qmailq, in qmailq's run/: root never chmods a name there, which qmailq
+        # could have swapped for a symlink to any file (docs/security.md "qmail-qmqpd's socket")
+        try:
+            local = server.bind_local(path)
+        except OSError as e:
+            _say("fatal: unable to listen on %s: %s" % (path, e.strerror))
+            return 111
+        bound_path = path
 
     def warn(text):
         _say("warning: %s; previous rules kept" % text)

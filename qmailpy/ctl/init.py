@@ -88,20 +88,7 @@ def run(args):
         owners = layout.Owners(home, roles)
         created = layout.create_hierarchy(home, owners=owners, set_owners=root)
         privs.write_roles(home, roles)
-        wanted = control_files(args.me or _fqdn())
-        written = []
-        for name, text in wanted.items():
-            path = os.path.join(home, "control", name)
-            if os.path.exists(path) and not (name == "me" and args.me):
-                continue
-            with open(path, "w") as f:
-                f.write(text)
-            written.append(name)
-        for name in ["roles"] + written:
-            path = os.path.join(home, "control", name)
-            if root:
-                os.chown(path, owners.uid("root"), owners.gid("qmail"))
-            os.chmod(path, 0o644)
+        written = _write_control(home, control_files(args.me or _fqdn()), args.me, owners, root)
         programs = launchers.write(home, *((owners.uid("root"), owners.gid("qmail")) if root else ()))
     except (OSError, layout.LayoutError, privs.PrivError, launchers.LauncherError) as e:
         print("qmailctl init: %s" % e, file=sys.stderr)
@@ -111,6 +98,40 @@ def run(args):
         home, len(created), " ".join(written) or "none", len(programs), os.path.join(home, "bin"),
         "single-user home of %s" % account if account else "qmail's own accounts"))
     return 0
+
+
+def _write_control(home, wanted, me_given, owners, root):
+    """Write the missing control files (control/me also when --me is given) and set
+    control/roles' and their owner and mode, through descriptors: in a single-user
+    home control/ is that user's, and root must not follow a symlink planted there
+    (docs/security.md "Root and other accounts' directories")."""
+    from qmailpy import nofollow
+    from qmailpy.fileio import write_all
+    written = []
+    dfd = nofollow.open_path(home, "control")
+    try:
+        for name in ["roles"] + list(wanted):
+            if name == "roles":
+                fd = nofollow.open_file(name, dfd)
+            else:
+                replace = name == "me" and me_given
+                flags = os.O_WRONLY | os.O_CREAT | (0 if replace else os.O_EXCL)
+                try:
+                    fd = nofollow.open_file(name, dfd, flags, mode=0o644)
+                except FileExistsError:
+                    continue
+                os.ftruncate(fd, 0)          # only now: open_file has refused a linked file
+                write_all(fd, wanted[name].encode())
+                written.append(name)
+            try:
+                if root:
+                    os.fchown(fd, owners.uid("root"), owners.gid("qmail"))
+                os.fchmod(fd, 0o644)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(dfd)
+    return written
 
 
 def _fqdn():

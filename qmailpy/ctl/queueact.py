@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from qmailpy import command, trigger
+from qmailpy import command, nofollow, trigger
 from qmailpy.ctl import queuefilter
 
 HELP = "act on queued messages through qmail-send (delete, hold, release, requeue, bounce)"
@@ -38,12 +38,23 @@ def _say(action, text):
     print("qmailctl queue %s: %s" % (action, text), file=sys.stderr)
 
 
-def send_running(queue):
-    """True while a qmail-send holds lock/sendmutex."""
+def send_running(home):
+    """True while a qmail-send holds lock/sendmutex. nofollow.Refused when lock/ or
+    sendmutex is not what it should be (a symlink, a FIFO: root must not wait on one)."""
     try:
-        fd = os.open(os.path.join(queue, "lock", "sendmutex"), os.O_RDONLY)
+        lock = nofollow.open_path(home, os.path.join("queue", "lock"))
+    except nofollow.Refused:
+        raise
     except OSError:
         return False
+    try:
+        fd = nofollow.open_file("sendmutex", lock)
+    except nofollow.Refused:
+        raise
+    except OSError:
+        return False
+    finally:
+        os.close(lock)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return False
@@ -79,30 +90,46 @@ def run(args):
         _say(action, "name the messages: NUMBER... or filters (see qmailctl(8))")
         return EXIT_USAGE
     home = qmail_home(args.home)
+    try:
+        return _send(action, home, wanted, args)
+    except nofollow.Refused as e:
+        _say(action, "%s; nothing more done" % e)
+        return EXIT_TEMP
+
+
+def _send(action, home, wanted, args):
+    """Write the command, wait for the reply and report it. Everything under queue/
+    is reached through descriptors (docs/security.md "The command channel")."""
     queue = os.path.join(home, "queue")
     cdir = os.path.join(queue, command.COMMAND_DIR)
-    if not os.path.isdir(cdir):
+    try:
+        cfd = nofollow.open_path(home, os.path.join("queue", command.COMMAND_DIR))
+    except FileNotFoundError:
         _say(action, "no %s (qmailctl init makes it); nothing done" % cdir)
         return EXIT_TEMP
-    if not send_running(queue):
-        _say(action, "qmail-send is not running; nothing done")
-        return EXIT_TEMP
     try:
-        numbers = select_numbers(home, wanted)
-    except (OSError, ValueError) as e:
-        _say(action, "unable to read the queue: %s" % e)
-        return EXIT_TEMP
-    if not numbers:
-        _say(action, "no message matches")
-        return EXIT_NOT_DONE
-    name = "%d-%d-%s" % (time.time_ns(), os.getpid(), os.urandom(4).hex())
-    data = command.encode(command.Command(action, numbers, args.reason))
-    from inotify_simple import INotify, flags
-    with INotify() as ino:
-        ino.add_watch(cdir, flags.MOVED_TO | flags.CREATE)
-        command.write_atomically(cdir, name, data, 0o644)
-        trigger.pull(queue)
-        reply = _wait(ino, cdir, name, queue, args.timeout, action)
+        if not send_running(home):
+            _say(action, "qmail-send is not running; nothing done")
+            return EXIT_TEMP
+        try:
+            numbers = select_numbers(home, wanted)
+        except (OSError, ValueError) as e:
+            _say(action, "unable to read the queue: %s" % e)
+            return EXIT_TEMP
+        if not numbers:
+            _say(action, "no message matches")
+            return EXIT_NOT_DONE
+        name = "%d-%d-%s" % (time.time_ns(), os.getpid(), os.urandom(4).hex())
+        data = command.encode(command.Command(action, numbers, args.reason))
+        from inotify_simple import INotify, flags
+        with INotify() as ino:
+            # the directory the descriptor holds, whatever its name points at by now
+            ino.add_watch("/proc/self/fd/%d" % cfd, flags.MOVED_TO | flags.CREATE)
+            command.write_atomically(cfd, name, data, 0o644)
+            trigger.pull(queue)
+            reply = _wait(ino, cfd, cdir, name, home, args.timeout, action)
+    finally:
+        os.close(cfd)
     if reply is None:
         return EXIT_TEMP
     status = 0
@@ -116,27 +143,27 @@ def run(args):
     return status
 
 
-def _wait(ino, cdir, name, queue, timeout, action):
+def _wait(ino, cfd, cdir, name, home, timeout, action):
     """The reply, open (and already unlinked), or None (said why on stderr) when there is
-    none to wait for."""
-    reply = os.path.join(cdir, name + command.REPLY)
+    none to wait for. A reply that is not a regular file is nofollow.Refused."""
+    reply = name + command.REPLY
     deadline = time.monotonic() + timeout
     while True:
         try:
-            f = open(reply, "rb")
-            os.unlink(reply)
-            return f
+            fd = nofollow.open_file(reply, cfd)
+            os.unlink(reply, dir_fd=cfd)
+            return os.fdopen(fd, "rb")
         except FileNotFoundError:
             pass
         left = deadline - time.monotonic()
-        running = send_running(queue)
+        running = send_running(home)
         if left <= 0 or not running:
             try:
-                os.unlink(os.path.join(cdir, name))         # withdrawn: it never started
+                os.unlink(name, dir_fd=cfd)         # withdrawn: it never started
                 why = "did not take the command in %g s" % timeout if running else "is not running"
                 _say(action, "qmail-send %s; nothing done" % why)
             except FileNotFoundError:
-                if os.path.exists(reply):
+                if _exists(reply, cfd):
                     continue
                 _say(action, "qmail-send %s: %s" % (
                     "is still carrying out the command (deliveries in flight); it finishes it"
@@ -145,3 +172,11 @@ def _wait(ino, cdir, name, queue, timeout, action):
             return None
         # the second wake-up bounds a qmail-send that died without answering
         ino.read(timeout=int(min(left, 1.0) * 1000) + 1)
+
+
+def _exists(name, dir_fd):
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False

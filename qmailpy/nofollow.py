@@ -1,0 +1,100 @@
+"""Working as root inside directories another account can write (docs/security.md "Root and other accounts' directories").
+
+A path through such a directory is the other account's to redirect: between
+root's check and root's act it can become a symlink, a FIFO or a hard link to
+someone else's file. So root opens each component relative to its parent's
+descriptor with O_NOFOLLOW, and changes what it opened through the descriptor
+(fchmod, fchown, fstat), never through the name again. The one symlink followed
+is one only root could have made: owned by root, in a directory owned by root
+that nobody else can write (an administrator's /var/qmail/queue -> /big/queue).
+"""
+import errno
+import os
+import stat
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO planted in place of a file must not wait for a writer
+FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+_KINDS = {stat.S_IFREG: "a regular file", stat.S_IFIFO: "a named pipe", stat.S_IFDIR: "a directory",
+          stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a symbolic link"}
+
+
+class Refused(OSError):
+    """A name that is not what root may work on (a symlink, a FIFO, a linked file);
+    str() says which name and why."""
+
+    def __init__(self, name, why):
+        super().__init__("%s: %s: refused" % (name, why))
+        self.name, self.why = name, why
+
+
+def _root_made(parent_fd, name):
+    """Whether the symlink name in parent_fd could only have been made by root."""
+    parent = os.fstat(parent_fd)
+    link = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    return parent.st_uid == 0 and not parent.st_mode & 0o022 and link.st_uid == 0
+
+
+def open_dir(name, parent_fd=None):
+    """A descriptor of the directory name (relative to parent_fd when given), not
+    reached through a symlink someone other than root could have planted."""
+    try:
+        return os.open(name, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent_fd)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        if not stat.S_ISLNK(st.st_mode):
+            raise Refused(name, "not a directory") from None
+        if parent_fd is None or not _root_made(parent_fd, name):
+            raise Refused(name, "a symbolic link") from None
+        return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+
+
+def open_path(home, rel):
+    """A descriptor of the directory home/rel: home as given (the caller trusts it),
+    each component of rel by open_dir."""
+    fd = os.open(home, DIR_FLAGS)
+    try:
+        for part in rel.split(os.sep):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                raise Refused(rel, "'..' in the path")
+            child = open_dir(part, fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_file(name, dir_fd, flags=os.O_RDONLY, kind=stat.S_IFREG, mode=0o600):
+    """os.open of name in dir_fd without following a symlink or waiting on a FIFO;
+    what it opened must be of kind (S_IFREG: a regular file with one link, S_IFIFO:
+    a named pipe), else Refused. O_NONBLOCK stays set on a FIFO and is cleared on
+    a regular file."""
+    try:
+        fd = os.open(name, flags | FILE_FLAGS, mode, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise Refused(name, "a symbolic link") from None
+        if e.errno == errno.ENXIO:                  # a FIFO opened to write, no reader
+            raise Refused(name, "a named pipe, not a file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if stat.S_IFMT(st.st_mode) != kind:
+            raise Refused(name, "%s, not %s" % (_KINDS.get(stat.S_IFMT(st.st_mode), "a device"),
+                                                _KINDS[kind]))
+        if kind == stat.S_IFREG:
+            if st.st_nlink != 1:
+                raise Refused(name, "a file with %d links" % st.st_nlink)
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -1,0 +1,223 @@
+"""Root never works by path where another account can write (docs/security.md): run as root only.
+
+The home is the suite's single-user home of `nobody`, so every directory in it is
+nobody's, as run/ and queue/lock/ are qmailq's and queue/command/ qmails' on a real
+server. The attacker's moves run as nobody (a child process); the victim is a
+root-owned 0600 file nobody cannot read. Each test plants its link, FIFO or pipe
+at the moment root's program would use the name, and checks that the victim keeps
+its owner, mode and bytes and that root's program stops with a clear message
+instead of hanging.
+"""
+import os
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="root's path races need root")
+
+SECRET = b"root's secret\n"
+
+
+@pytest.fixture
+def victim(tmp_path):
+    """Root's file, in a directory nobody may traverse (so only its own mode keeps nobody out)."""
+    from conftest import traversable_base
+    base = traversable_base(tmp_path, "qmailpy-victim-")
+    path = os.path.join(base, "victim")
+    with open(path, "wb") as f:
+        f.write(SECRET)
+    os.chmod(path, 0o600)
+    yield path
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def unchanged(path):
+    st = os.lstat(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    return (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), data) == (0, 0, 0o600, SECRET)
+
+
+def as_attacker(home, script, *args):
+    """A Popen of `python -c script args...` running as the home's account, lines on stdout."""
+    return subprocess.Popen([sys.executable, "-c", script] + list(args), user=home.uid, group=home.gid,
+                            extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def expect_line(proc, word):
+    line = proc.stdout.readline()
+    assert line.strip() == word, line
+
+
+# swaps the socket for a symlink to the victim the instant it appears
+SWAP_SOCKET = r"""
+import os, sys
+from inotify_simple import INotify, flags
+run, victim = sys.argv[1:]
+ino = INotify()
+ino.add_watch(run, flags.CREATE)
+print("ready", flush=True)
+while True:
+    for event in ino.read():
+        if event.name == "qmqp.sock":
+            os.symlink(victim, os.path.join(run, "swap"))
+            os.rename(os.path.join(run, "swap"), os.path.join(run, "qmqp.sock"))
+            print("swapped", flush=True)
+            sys.exit(0)
+"""
+
+
+def test_qmqpd_socket_swapped_for_a_symlink_right_after_bind(qmail_home, victim):
+    if shutil.which("strace") is None:
+        pytest.skip("strace widens bind()'s window (bin/test installs it)")
+    run = os.path.join(qmail_home.path, "run")
+    attacker = as_attacker(qmail_home, SWAP_SOCKET, run, victim)
+    try:
+        expect_line(attacker, "ready")
+        # bind() returns 0.3 s late: the swap lands between bind and what follows it
+        server = subprocess.Popen(
+            ["strace", "-f", "-qq", "-o", os.devnull, "-e", "trace=bind",
+             "-e", "inject=bind:delay_exit=300000", "qmail-qmqpd"],
+            env=qmail_home.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE)
+        try:
+            expect_line(attacker, "swapped")
+            said = server.stderr.readline()
+        finally:
+            server.kill()
+            server.wait(timeout=30)
+            server.stderr.close()
+    finally:
+        attacker.kill()
+        attacker.wait(timeout=30)
+        attacker.stdout.close()
+    assert unchanged(victim), os.lstat(victim)
+    # qmailq's own chmod of root's file is refused: qmail-qmqpd says so and does not start
+    assert b"unable to listen on" in said and b"Operation not permitted" in said, said
+
+
+PLANT = r"""
+import os, sys
+what, path, target = sys.argv[1:]
+if what == "symlink":
+    if os.path.isdir(path) and not os.path.islink(path):
+        os.rename(path, path + ".old")
+    elif os.path.lexists(path):
+        os.unlink(path)
+    os.symlink(target, path)
+print("planted", flush=True)
+"""
+
+
+def plant_symlink(home, rel, target):
+    proc = as_attacker(home, PLANT, "symlink", os.path.join(home.path, rel), target)
+    expect_line(proc, "planted")
+    assert proc.wait(timeout=30) == 0
+    proc.stdout.close()
+
+
+def rerun_init(home, *extra):
+    return home.run(["qmailctl", "init", "--home", home.path, "--user", home.user] + list(extra),
+                    env=home.env)
+
+
+@pytest.mark.parametrize("rel", ["queue/lock/tcpto", "queue/lock/sendmutex", "queue/lock/trigger"])
+def test_init_rerun_refuses_a_symlink_in_place_of_a_file(qmail_home, victim, rel):
+    plant_symlink(qmail_home, rel, victim)
+    done = rerun_init(qmail_home)
+    assert unchanged(victim), os.lstat(victim)
+    assert done.returncode == 1
+    assert b"refused" in done.stderr or b"not a named pipe" in done.stderr, done.stderr
+
+
+def test_init_rerun_refuses_a_symlinked_directory(qmail_home, tmp_path):
+    target = tmp_path / "rootdir"       # pytest's base keeps nobody out: only links lead here
+    target.mkdir(mode=0o700)
+    plant_symlink(qmail_home, "queue/lock", str(target))
+    done = rerun_init(qmail_home)
+    st = os.lstat(target)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode), os.listdir(target)) == (0, 0o700, [])
+    assert done.returncode == 1 and b"lock: a symbolic link: refused" in done.stderr, done.stderr
+
+
+def test_init_rerun_refuses_a_hard_link_to_another_file(qmail_home, victim):
+    # what a qmailq could do where fs.protected_hardlinks is off, root stands in for it here
+    tcpto = os.path.join(qmail_home.path, "queue", "lock", "tcpto")
+    os.unlink(tcpto)
+    os.link(victim, tcpto)
+    done = rerun_init(qmail_home)
+    assert unchanged(victim), os.lstat(victim)
+    assert done.returncode == 1 and b"a file with 2 links: refused" in done.stderr, done.stderr
+
+
+def test_init_rerun_writes_no_control_file_through_a_symlink(qmail_home, victim):
+    plant_symlink(qmail_home, "control/me", victim)
+    plant_symlink(qmail_home, "control/roles.tmp", victim)
+    done = rerun_init(qmail_home, "--me", "attacker.example")
+    assert unchanged(victim), os.lstat(victim)
+    assert done.returncode == 1 and b"me: a symbolic link: refused" in done.stderr, done.stderr
+
+
+# qmails' part: holds lock/sendmutex (qmail-send "running") and answers each command
+# with a FIFO or a symlink at NAME.reply
+ANSWER = r"""
+import fcntl, os, sys
+from inotify_simple import INotify, flags
+queue, what, victim = sys.argv[1:]
+lock = os.open(os.path.join(queue, "lock", "sendmutex"), os.O_RDWR)
+fcntl.flock(lock, fcntl.LOCK_EX)
+command = os.path.join(queue, "command")
+ino = INotify()
+ino.add_watch(command, flags.MOVED_TO)
+print("ready", flush=True)
+while True:
+    for event in ino.read():
+        if "." not in event.name:
+            tmp = os.path.join(command, ".plant")
+            if what == "fifo":
+                os.mkfifo(tmp)
+            else:
+                os.symlink(victim, tmp)
+            os.rename(tmp, os.path.join(command, event.name + ".reply"))
+            print("planted", flush=True)
+            sys.stdin.read()
+            sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("what", ["fifo", "symlink"])
+def test_queue_command_refuses_a_planted_reply(qmail_home, victim, what):
+    attacker = as_attacker(qmail_home, ANSWER, qmail_home.queue, what, victim)
+    try:
+        expect_line(attacker, "ready")
+        try:
+            done = qmail_home.run(["qmailctl", "queue", "delete", "--timeout", "20", "12345"], timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("root's qmailctl queue hung on the planted %s" % what)
+        expect_line(attacker, "planted")
+    finally:
+        attacker.kill()
+        attacker.wait(timeout=30)
+        attacker.stdout.close()
+    assert unchanged(victim)
+    assert SECRET.strip() not in done.stdout + done.stderr
+    assert done.returncode == 111, done.stderr
+    why = b"a named pipe" if what == "fifo" else b"a symbolic link"
+    assert b".reply: " + why in done.stderr and b"refused" in done.stderr, done.stderr
+
+
+def test_queue_command_refuses_a_fifo_for_the_send_lock(qmail_home):
+    mutex = os.path.join(qmail_home.queue, "lock", "sendmutex")
+    proc = as_attacker(qmail_home, "import os, sys; os.unlink(sys.argv[1]); os.mkfifo(sys.argv[1])", mutex)
+    assert proc.wait(timeout=30) == 0
+    proc.stdout.close()
+    try:
+        # hold: delete, with qmail-send down, is done by qmailctl itself (queueoffline.py)
+        done = qmail_home.run(["qmailctl", "queue", "hold", "12345"], timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail("root's qmailctl queue hung on a FIFO at lock/sendmutex")
+    assert done.returncode == 111
+    assert b"sendmutex: a named pipe, not a regular file: refused" in done.stderr, done.stderr
