@@ -239,3 +239,22 @@ def test_sendmail_mail_and_bounces_signed_end_to_end(qmail_home):
             [tags] = signature_tags(t.data)
             assert tags[b"d"] == (b"test.example" if t.mail_from == "<>" else b"example.test")
             assert dkimpy_results(t.data, server) == [True]
+
+
+def test_dkimpy_imported_only_to_sign(qmail_home):
+    """qmail-remote stays fast to start: dkimpy and PyNaCl are imported only when a key signs."""
+    import sys
+    keygen(qmail_home, "example.test", "rsa1")
+
+    def imported(message):
+        with Smtpd() as peer:
+            route(qmail_home, "x.test", peer.port)
+            done = qmail_home.run([sys.executable, "-X", "importtime", "-m", "qmailpy.cli.qmail_remote",
+                                   "x.test", "joe@example.test", "ann@x.test"], input=message)
+        assert done.stdout.split(b"\0")[-2].startswith(b"K127.0.0.1 accepted message."), done.stdout
+        return {line.split("|")[-1].strip() for line in done.stderr.decode().splitlines()
+                if line.startswith("import time:")}
+
+    unsigned = imported(MESSAGE.replace(b"joe@example.test", b"joe@other.test"))
+    assert not {"dkim", "nacl.signing"} & unsigned
+    assert "dkim" in imported(MESSAGE)
