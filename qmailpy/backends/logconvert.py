@@ -169,7 +169,7 @@ def dir_to_log(home, progress=None, step=_no_step):
         bar.end()
     lq = LogQueue(home)
     lq.recover()                      # counts, runner positions, a checkpoint
-    _own_like(os.path.join(queue, LOG_DIR), os.path.join(queue, "info"))
+    _own_as_layout(home, "queue/" + LOG_DIR)
     target = log_messages(lq)
     lq.close()
     bad = _same(source, target)
@@ -232,6 +232,24 @@ def _own_like(path, model):
         paths += [os.path.join(path, x) for x in os.listdir(path)]
     for p in paths:
         os.chown(p, st.st_uid, st.st_gid)
+
+
+def _own_as_layout(home, rel):
+    """Run as root: give rel, and everything under it, the owner and group layout.conf
+    gives rel (queue/log: qmailq and qmaillog, which qmail-send's qmails holds and
+    qmail-rspawn's qmailr does not), and rel its mode again (chown clears setgid)."""
+    if os.geteuid() != 0:
+        return
+    from qmailpy import layout
+    (entry,) = [e for e in layout.load_layout() if e.path == rel]
+    owners = layout.Owners(home)
+    uid, gid = owners.uid(entry.owner), owners.gid(entry.group)
+    top = os.path.join(home, rel)
+    for where, dirs, files in os.walk(top):
+        for name in dirs + files:
+            os.lchown(os.path.join(where, name), uid, gid)
+    os.lchown(top, uid, gid)
+    os.chmod(top, entry.mode)
 
 
 def _write_file(path, data, mtime=None, mode=0o600):

@@ -51,6 +51,8 @@ def problems_of(home, check_owners=True):
 TRUSTED_DIRS = ("control", "users")
 # Logs hold every envelope address: not for every local user to read.
 PRIVATE_DIRS = ("log",)
+# Control files that hold a secret: qmail-smtpd's (and qmail-popup's) private key.
+SECRET_CONTROL = ("servercert.pem",)
 
 
 def trusted_file_problems(home, roles):
@@ -85,6 +87,9 @@ def trusted_file_problems(home, roles):
                     problems.append("%s: mode %04o lets others forge or erase log lines "
                                     "(fix: chmod go-w %s)" % (rel, mode, rel))
                 continue
+            if directory == "control" and name in SECRET_CONTROL and mode & stat.S_IROTH:
+                problems.append("%s: mode %04o lets every local user read the server's private key "
+                                "(fix: chgrp %s %s; chmod 0640 %s)" % (rel, mode, roles["qmail"], rel, rel))
             if st.st_uid not in owners:
                 problems.append("%s: owned by uid %d; only root may own what qmail trusts "
                                 "(fix: chown root %s)" % (rel, st.st_uid, rel))

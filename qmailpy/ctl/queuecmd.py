@@ -6,6 +6,8 @@ those that select messages share qmailpy/ctl/queuefilter.py.
 """
 import argparse
 import importlib
+import os
+import sys
 
 HELP = "look at the queue (list, size, shape) or act on it; alone: qmail-qread and qmail-qstat"
 
@@ -32,8 +34,25 @@ def add_arguments(parser, name):
         module.add_arguments(p)
 
 
+def _denied(args):
+    """True when this account may not reach queue/command (an ordinary user's qmailctl)."""
+    from qmailpy.home import qmail_home
+    cdir = os.path.join(qmail_home(getattr(args, "home", None)), "queue", "command")
+    try:
+        os.stat(cdir)
+    except PermissionError:
+        return True
+    except OSError:
+        return False                 # missing: the action says so
+    return not os.access(cdir, os.W_OK | os.X_OK)
+
+
 def run(args):
     if args.action is None:
         from qmailpy.ctl import daemons
         return daemons.queue(args)
+    if ACTIONS[args.action] == "queueact" and _denied(args):
+        print("qmailctl queue %s: permission denied: only root and qmail-send's account may act on"
+              " the queue; nothing done" % args.action, file=sys.stderr)
+        return 1
     return importlib.import_module("qmailpy.ctl." + ACTIONS[args.action]).run(args)
