@@ -1,0 +1,22 @@
+"""qmail-qmtpd: one QMTP session on fds 0/1 with the tcpserver environment (qmail-qmtpd(8))."""
+import os
+import sys
+
+
+def main(argv=None):
+    from qmailpy.home import qmail_home
+    home = qmail_home()
+    try:
+        os.chdir(home)
+        if os.geteuid() == 0:
+            from qmailpy.smtpd import privileges
+            privileges.drop(home)
+    except Exception:
+        return 111
+    from qmailpy.smtpd.qmtp import serve
+    from qmailpy.smtpd.tcpenv import complete
+    return serve(home, complete(os.environ))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
