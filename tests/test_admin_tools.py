@@ -280,3 +280,17 @@ def test_maildir2mbox_bad_input_loses_nothing(qmail_home, tmp_path):
     done = h.run(["maildir2mbox"], env=dict(env, MAILDIR=md + "-missing"))
     assert done.returncode == 111 and done.stderr.startswith(b"maildir2mbox: fatal: unable to chdir to ")
     assert open(mbox, "rb").read() == b"untouched\n" and os.path.exists(msg)
+
+
+def test_showctl_knows_every_control_file_the_docs_name():
+    """No control file of docs/control-files.md gets "I have no idea what this file does."."""
+    from qmailpy.cli.qmail_showctl import QMAIL_FILES, RCPTHOSTS_NAMES, qmailpy_files
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "control-files.md")) as f:
+        text = f.read()
+    table = text[text.index("## Control files"):text.index("## Pitfalls and limits")]
+    documented = set()
+    for row in re.findall(r"^\| (`[^|]*`) \|", table, re.M):
+        documented.update(re.findall(r"`([^`]+)`", row))
+    known = set(RCPTHOSTS_NAMES) | {e[1] for e in QMAIL_FILES + qmailpy_files() if len(e) > 1}
+    assert documented - known == set()
