@@ -89,6 +89,13 @@ def state_restored(n, seg, off, damage_seg, damage_off):
             b" after damage at segment %d offset %d\n" % (n, seg, off, damage_seg, damage_off))
 
 
+def set_aside(n, reason):
+    """qmail-send cannot process message n (the reason says why) and leaves it where it is,
+    untouched, for the administrator (docs/qmail-send.md "Messages set aside"); logged
+    whenever it meets the message, at each start."""
+    return b"warning: msg %d: set aside: %s\n" % (n, _b(reason).replace(b"\n", b"/"))  # our own text
+
+
 def throttling(domain, control, limit):
     """Deliveries to a recipient domain start waiting for a limit of control/CONTROL
     (send/throttle.py); logged again only after the domain was idle (nothing in flight or held)."""
@@ -144,6 +151,7 @@ _PATTERNS = [
     ("state restored", re.compile(
         r"warning: msg (?P<n>\d+): state restored from log segment (?P<seg>\d+) offset (?P<off>\d+) "
         r"after damage at segment (?P<damage_seg>\d+) offset (?P<damage_off>\d+)$")),
+    ("set aside", re.compile(r"warning: msg (?P<n>\d+): set aside: (?P<text>.*)$")),
     ("throttling", re.compile(
         r"throttling (?P<domain>\S+): control/(?P<control>\w+) limit (?P<limit>\S+) reached$")),
     ("warning", re.compile(r"warning: (?P<text>.*)$")),

@@ -343,6 +343,7 @@ def audit(spark, specs, out_dir, opts=None):
                                               ctx_b.value[kv[0][0]]))
         row_rdds.append(grouped)
         row_rdds.append(events.filter(lambda e: e[3] == "restored").map(messages.restored_finding))
+        row_rdds.append(events.filter(lambda e: e[3] == "setaside").map(messages.set_aside_finding))
     for records, taken, lifetime in snap_records:
         row_rdds.append(records.flatMap(
             lambda r, t=taken, q=lifetime, s=opts.lifetime_slack:

@@ -15,9 +15,11 @@ either an event or a bad-input entry:
     hold, release, requeue, delete   -  -  -      (qmailctl queue: docs/qmail-send.md "Commands")
     bouncenow  reason         -           -
     restored  segment         offset      "segment offset" of the damage
+    setaside  reason          -           -      (docs/qmail-send.md "Messages set aside")
   n is the message number (None for results), d the delivery id. `restored` is the
   log backend's "state restored" warning (docs/log-queue.md "Damage"): a finding of
-  its own, not a move of the message.
+  its own, not a move of the message; so is `setaside`, qmail-send's warning that it
+  left a message it cannot record where it is.
 
 seq orders lines: file rank << 40 | line index, so one host's files keep their
 order. Status lines, alerts and warnings carry no message and are only counted.
@@ -115,6 +117,8 @@ def parse_line(host, rank, index, line):
         event = (host, seq, when, COMMAND_KINDS[kind], f["n"], None, None, None, None)
     elif kind == "bounce now":
         event = (host, seq, when, "bouncenow", f["n"], None, f["text"], None, None)
+    elif kind == "set aside":
+        event = (host, seq, when, "setaside", f["n"], None, f["text"], None, None)
     elif kind == "state restored":
         event = (host, seq, when, "restored", f["n"], None, f["seg"], f["off"],
                  "%d %d" % (f["damage_seg"], f["damage_off"]))

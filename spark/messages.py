@@ -68,6 +68,7 @@ FINDING_KINDS = {
     "unlogged": NOTICE,
     "ended-not-removed": NOTICE,
     "restored-after-damage": NOTICE,
+    "set-aside": NOTICE,
 }
 
 
@@ -104,6 +105,13 @@ def restored_finding(event):
     return finding(host, n, None, "restored-after-damage", when,
                    "state restored from log segment %d offset %d after damage at segment %s "
                    "offset %s" % (seg, off, damage_seg, damage_off))
+
+
+def set_aside_finding(event):
+    """The finding for a logparse `setaside` event: qmail-send could not record the
+    message and left it queued, untouched, for the administrator."""
+    host, _, when, _, n, _, reason, _, _ = event
+    return finding(host, n, None, "set-aside", when, "set aside by qmail-send: %s" % reason)
 
 
 def _unlogged(edge):

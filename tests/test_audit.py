@@ -375,6 +375,22 @@ def test_messages_restored_after_log_damage_are_reported(spark, tmp_path):
     assert "Messages restored after log damage" in html and "offset 2240" in html
 
 
+def test_messages_set_aside_are_counted(spark, tmp_path):
+    """qmail-send's 'set aside' warning (docs/qmail-send.md "Messages set aside") is a
+    finding of its own, once per line: at each start that meets the message."""
+    from qmailpy import logline
+    log = tmp_path / "mx6" / "current"
+    log.parent.mkdir()
+    t = 1700000000.0
+    why = "5000 recipients take more than a log record holds once rewritten"
+    lines = [logline.status(0, 10, 0, 20), logline.set_aside(91, why), logline.status_exiting(),
+             logline.status(0, 10, 0, 20), logline.set_aside(91, why), logline.command_msg("delete", 91)]
+    log.write_bytes(b"".join(b"%.6f %s" % (t + i, line) for i, line in enumerate(lines)))
+    result = _audit(spark, [log], tmp_path / "out")
+    assert result.findings_by_kind == {"set-aside": 2}
+    assert not result.bad_inputs
+
+
 # --- a standalone cluster: master and one worker from the pyspark package -----------
 
 def _free_port():

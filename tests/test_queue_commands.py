@@ -297,9 +297,13 @@ def test_garbage_in_the_command_channel(qmail_home, peer):
 
 
 def test_nothing_is_done_without_qmail_send(qmail_home):
-    done = ctl(qmail_home, "delete", "12345")
+    """But for delete, which works without it (tests/test_poison_message.py)."""
+    done = ctl(qmail_home, "hold", "12345")
     assert (done.returncode, done.stdout) == (111, b"")
-    assert done.stderr == b"qmailctl queue delete: qmail-send is not running; nothing done\n"
+    assert done.stderr == b"qmailctl queue hold: qmail-send is not running; nothing done\n"
+    assert os.listdir(os.path.join(qmail_home.queue, "command")) == []
+    done = ctl(qmail_home, "delete", "12345")
+    assert (done.returncode, done.stdout, done.stderr) == (1, b"", b"qmailctl queue delete: 12345: not in queue\n")
     assert os.listdir(os.path.join(qmail_home.queue, "command")) == []
 
 

@@ -47,6 +47,12 @@ class QueueError(Exception):
     """A queue operation failed; the caller logs str(self) and retries later."""
 
 
+class SetAside(QueueError):
+    """preprocess() cannot record message n (str(self) says why): the backend leaves it
+    where it is and does not offer it again until qmail-send starts again; qmail-send
+    logs logline.set_aside (docs/qmail-send.md "Messages set aside")."""
+
+
 SLEEP_SYSFAIL = 123      # seconds before a step that failed on a system error is tried again
 
 
@@ -252,6 +258,16 @@ class QueueBackend(ABC):
     def commit(self):
         """Make the hold, release and delete calls made so far durable (QueueError if
         that fails); qmail-send calls it before it answers them."""
+
+    def is_set_aside(self, n):
+        """True for a queued message n that preprocess() set aside (SetAside) in this run."""
+        return False
+
+    @abstractmethod
+    def delete_queued(self, n):
+        """Remove message n, which take() found still queued (S4), without delivering or
+        bouncing it: S4 -> S1, durable at the next commit(). qmail-send does so only for
+        a message it set aside; `qmailctl queue delete` while qmail-send is down, for any."""
 
     @abstractmethod
     def is_held(self, n):

@@ -138,6 +138,21 @@ class DirCommands:
                 self.unsynced.add(rel)
         self.deleting.append(n)
 
+    def delete_queued(self, n):
+        """What an interrupted preprocessing left (channel files, info/) first, so that a
+        crash on the way never leaves a message that looks preprocessed without its todo;
+        then todo/n and intd/n, and the body, through qmail-clean (their owner's)."""
+        for kind in CHANNELS + ("info",):
+            rel = self._rel(kind, n)
+            if self._unlink_quietly(rel):
+                self._sync_dir_of(rel)
+        todo = self._rel("todo", n)
+        if self._clean(todo) != b"+":
+            raise QueueError("qmail-clean unable to clean up %s" % todo)
+        foop = self._rel("foop", n)
+        if self._clean(foop) != b"+":
+            self._warn("qmail-clean unable to clean up %s" % foop)
+
     def commit(self):
         synced = set()
         for rel in self.unsynced:

@@ -123,6 +123,21 @@ class LogCommands:
             chan[0] = int(now)
         self._write_snapshot(a)
 
+    def is_set_aside(self, n):
+        return n in self.set_aside
+
+    def delete_queued(self, n):
+        """A FINISH superseding its ENVELOPE; the body goes at the next checkpoint, as
+        for delete() (recovery drops a pending ENVELOPE that a FINISH supersedes)."""
+        pos = self.pending_new.get(n)
+        if pos is None:
+            raise QueueError("message %d is not queued" % n)
+        self._append(R.encode_finish(_now(), n, pos))
+        del self.pending_new[n]
+        self.set_aside.pop(n, None)
+        self._supersede(pos)
+        self.to_clean.append(n)
+
     def delete(self, n):
         a = self._get(n)
         self._append(R.encode_finish(_now(), n, a.snap))

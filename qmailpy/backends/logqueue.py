@@ -27,7 +27,7 @@ import os
 
 from qmailpy import logline
 from qmailpy.backends import logcounts, logrecords as R
-from qmailpy.backends.base import CleanerLost, Preprocessed, QueueBackend, QueueError
+from qmailpy.backends.base import CleanerLost, Preprocessed, QueueBackend, QueueError, SetAside
 from qmailpy.backends.logcommands import LogCommands
 from qmailpy.backends.logcommit import LOG_DIR, SEGMENT_LIMIT_CONTROL, read_segment_limit
 from qmailpy.backends.logdamage import LogDamage
@@ -62,6 +62,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
         self.taken = {}               # n -> live snapshot position, found by a command's take()
         self.locators = []            # of the commands being carried out (loglocator.py)
         self.pending_new = {}
+        self.set_aside = {}           # of pending_new, those preprocess() set aside: n -> position
         self.live = {}
         self.garbage = set()          # superseded positions whose flag is not yet written
         self.runners = []
@@ -80,8 +81,13 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
 
     def _write_snapshot(self, a, type=R.REPLACEMENT, ended=(), now=None):
         now = _now() if now is None else now
-        data = R.encode_snapshot(type, now, a.n, a.snap, a.birth, a.qp, a.uid, a.size, a.sender,
-                                 bytes(a.notes), ended, a.channel_state(), a.held)
+        try:
+            data = R.encode_snapshot(type, now, a.n, a.snap, a.birth, a.qp, a.uid, a.size, a.sender,
+                                     bytes(a.notes), ended, a.channel_state(), a.held)
+        except R.RecordError as e:
+            # beyond what qmailpy.queuelimits lets a message reach (a queue from before it):
+            # the caller retries later, as after any other failed write, and lives on
+            raise QueueError("unable to record message %d: %s" % (a.n, e)) from None
         pos = self._append(data)
         self._supersede(a.snap)
         self._count(pos, 1)
@@ -127,7 +133,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
             self._scan_new()
         except OSError as e:
             raise QueueError("unable to read log: %s" % e.strerror)
-        return list(self.pending_new)
+        return [n for n in self.pending_new if n not in self.set_aside]
 
     def preprocess_batch(self, numbers, route, announce=None):
         """As the base class, but `new msg` and `info msg` are announced before the
@@ -159,8 +165,16 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
         for rcpt in env.recipients:
             channel, address = route(rcpt)
             channels.setdefault(channel, [now, []])[1].append((False, address))
-        data = R.encode_snapshot(R.PREPROCESSED, now, n, pos, now, env.qp, env.uid, size, env.sender,
-                                 b"", (), {c: (d, r) for c, (d, r) in channels.items()})
+        try:
+            data = R.encode_snapshot(R.PREPROCESSED, now, n, pos, now, env.qp, env.uid, size,
+                                     env.sender, b"", (), {c: (d, r) for c, (d, r) in channels.items()})
+        except R.RecordError:
+            # Queued before qmailpy.queuelimits, or rewritten beyond its allowance: its
+            # ENVELOPE stays live and untouched, found again (and set aside again) at the
+            # next start; qmailctl queue delete removes it.
+            self.set_aside[n] = pos
+            raise SetAside("%d recipients take more than a log record holds once rewritten"
+                           % len(env.recipients)) from None
         if announce is not None:
             announce(logline.new_msg(n))
             announce(logline.info_msg(n, size, env.sender, env.qp, env.uid))

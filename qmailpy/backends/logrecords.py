@@ -26,6 +26,7 @@ import struct
 
 from qmailpy.backends.checksum import crc32c, crc32c_python, native_crc32c as _crc32c_native  # noqa: F401
 from qmailpy.layout import CHANNELS
+from qmailpy.queuelimits import MAX_RECORD_PAYLOAD
 
 
 VERSION = 2                             # 1: flags 0 live, 1 garbage (one bit flip apart)
@@ -36,7 +37,7 @@ RECORD_MAGIC = b"QL"
 RECORD_HEADER = struct.Struct("<2sBBII")
 RECORD_HEADER_SIZE = RECORD_HEADER.size  # 12
 FLAGS_OFFSET = 3                        # of the flags byte inside a record
-MAX_PAYLOAD = 64 * 1024 * 1024
+MAX_PAYLOAD = MAX_RECORD_PAYLOAD         # what qmail-queue accepts fits: qmailpy/queuelimits.py
 
 LIVE, GARBAGE = 0x4C, 0x53             # b"L", b"S" (superseded)
 

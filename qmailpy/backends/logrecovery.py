@@ -174,6 +174,8 @@ class LogRecovery:
         elif t == R.FINISH:
             self._supersede(rec.prev)
             self._supersede_lost_link(n, rec.prev)
+            if self.pending_new.get(n) == rec.prev:
+                del self.pending_new[n]          # a set-aside message deleted (logcommands.py)
             self.replayed_state.pop(n, None)
             self.active.pop(n, None)
             self.replayed_clean.append(n)        # the crash may have come before its unlink

@@ -55,4 +55,9 @@ def run(args):
         print("qmailctl queue %s: permission denied: only root and qmail-send's account may act on"
               " the queue; nothing done" % args.action, file=sys.stderr)
         return 1
+    if args.action == "delete":
+        from qmailpy.ctl import queueoffline      # while qmail-send is down; else None
+        status = queueoffline.run(args)
+        if status is not None:
+            return status
     return importlib.import_module("qmailpy.ctl." + ACTIONS[args.action]).run(args)

@@ -50,6 +50,7 @@ ADDRESS_REFUSED = b"Dsorry, I can't accept addresses like that (#5.1.3)"
 _TEXTS = {
     11: b"Denvelope address too long for qq (#5.1.3)",
     115: b"Denvelope address too long for qq (#5.1.3)",
+    12: b"Dtoo many recipients for qq (#5.5.3)",     # qmailpy.queuelimits
     31: b"Dmail server permanently rejected message (#5.3.0)",
     51: b"Zqq out of memory (#4.3.0)",
     52: b"Zqq timeout (#4.3.0)",

@@ -44,6 +44,7 @@ from qmailpy.fileio import fsync_dir as _sync_dir   # see there: exit 0 must sur
 from qmailpy.mess import CHUNK as _CHUNK, Failure as _Exit, create_mess, fill_mess, not_before_of
 
 DEATH = 86400                     # qmail-queue's self-timer (seconds)
+EXIT_TOO_MANY_RECIPIENTS = 12     # beyond control/maxrcpt or the queue's envelope bound (qmailpy.queuelimits)
 TODO_SLOT = 0                     # qmailpy.groupsync slots: todo/, then mess/0 .. mess/SPLIT-1
 SYNC_SLOTS = 1 + SPLIT
 
@@ -220,6 +221,12 @@ class _Queue:
         except OSError:
             self.die(61)
         try:
+            from qmailpy.home import ControlError
+            from qmailpy.queuelimits import EnvelopeBudget, read_maxrcpt
+            self.budget = EnvelopeBudget(read_maxrcpt("."))
+        except (ControlError, OSError):
+            self.die(55)
+        try:
             os.chdir("queue")
         except OSError:
             self.die(62)
@@ -306,7 +313,7 @@ class _Queue:
         """Read F sender NUL (T rcpt NUL)* NUL from fd 1, writing records to intd as they arrive."""
         out = bytearray(out)
         expect_sender = True
-        in_address = False
+        in_address = in_sender = False
         length = 0
         while True:
             try:
@@ -322,7 +329,7 @@ class _Queue:
                     if expect_sender:
                         if ch != 70:                    # 'F'
                             self.die(91)
-                        expect_sender = False
+                        expect_sender, in_sender = False, True
                     elif ch == 0:                       # the final NUL: not stored
                         self.flush_intd(out)
                         return
@@ -341,9 +348,13 @@ class _Queue:
                 if nul < 0:
                     pos = end
                 else:
+                    if not in_sender and not self.budget.admit(length):
+                        # refused whole: nothing of it stays queued (no todo/, no ENVELOPE)
+                        self.cleanup()
+                        self.die(EXIT_TOO_MANY_RECIPIENTS)
                     out.append(0)
                     pos = nul + 1
-                    in_address = False
+                    in_address = in_sender = False
             if len(out) >= _CHUNK:
                 self.flush_intd(out)
 

@@ -248,6 +248,8 @@ class CommandDesk:
                     continue
                 answers.append((n,) + self._carry_out(op.command, n))
                 backend.let_go(n)
+            elif n in queued and backend.is_set_aside(n):
+                answers.append((n,) + self._carry_out_set_aside(op.command, n))
             elif n in queued and op.tries < TODO_TRIES:
                 op.todo.add(n)                   # answered after a todo scan
             elif n in queued:
@@ -332,6 +334,18 @@ class CommandDesk:
                 send.backend.reschedule(n, channel, due)
             except QueueError as e:
                 send.warn(str(e))
+
+    def _carry_out_set_aside(self, cmd, n):
+        """A message preprocessing set aside (docs/qmail-send.md "Messages set aside"):
+        it can only be deleted."""
+        if cmd.action != "delete":
+            return command.NONE, "set aside (see the log): only delete acts on it", ()
+        try:
+            self.send.backend.delete_queued(n)
+        except QueueError as e:
+            self.send.warn(str(e))
+            return command.LATER, "queue error; try again", ()
+        return command.DONE, "deleted", (logline.command_msg("delete", n),)
 
     def _carry_out(self, cmd, n):
         """(result, text, lines to log once committed) of one action on an idle, taken message n."""

@@ -20,9 +20,10 @@ import signal
 import time
 
 from qmailpy import logline, trigger
-from qmailpy.backends.base import SLEEP_SYSFAIL, QueueError
+from qmailpy.backends.base import SLEEP_SYSFAIL, QueueError, SetAside
 from qmailpy.send.clean import CleanClient, CleanerLost
 from qmailpy.envelope import bounce_note
+from qmailpy.queuelimits import bounce_text
 from qmailpy.send import bounce, metrics, schedule
 from qmailpy.send.channel import Channel, Delivery, Job
 from qmailpy.send.commands import CommandDesk
@@ -386,7 +387,8 @@ class QmailSend:
         job.numtodo -= 1
 
     def add_bounce(self, n, address, text):
-        note = bounce_note(self.controls.rewriter.strip_virtual_prepend(address), text)
+        # the report cut as queuelimits bounds it: every note the message gets fits its snapshot
+        note = bounce_note(self.controls.rewriter.strip_virtual_prepend(address), bounce_text(text))
         while True:
             try:
                 self.backend.add_bounce_note(n, note)
@@ -634,7 +636,9 @@ class QmailSend:
             self.cleandied()
             return
         for n, result in results:
-            if isinstance(result, QueueError):
+            if isinstance(result, SetAside):
+                self.log(logline.set_aside(n, str(result)))
+            elif isinstance(result, QueueError):
                 self.warn(str(result))
             else:
                 self.preprocessed(n, result)

@@ -2,6 +2,7 @@
 import os
 
 from qmailpy.home import ControlError, control_int, control_list, control_value
+from qmailpy.queuelimits import read_maxrcpt
 
 
 class SetupError(Exception):
@@ -23,7 +24,7 @@ class SmtpdConfig:
             self.session_deadline = max(0, control_int(home, "timeoutsmtpdsession", 3600))
             self.data_deadline = max(0, control_int(home, "timeoutsmtpddata", 1200))
             self.databytes = control_int(home, "databytes", 0)
-            self.maxrcpt = max(0, control_int(home, "maxrcpt", 0))     # 0: no limit
+            self.maxrcpt = read_maxrcpt(home)          # the queue's cap (qmailpy.queuelimits)
             rcpthosts = control_list(home, "rcpthosts")
             self.rcpthosts = None if rcpthosts is None else {h.lower() for h in rcpthosts}
             bmf = control_list(home, "badmailfrom")

@@ -16,6 +16,7 @@ import select
 import time
 
 from qmailpy.home import ControlError
+from qmailpy.queuelimits import EnvelopeBudget
 from qmailpy.smtpd.address import (MAX_ADDRESS, addrparse, badmailfrom, localiphost_rewrite,
                                    rcpt_allowed, size_parameter, smtputf8_parameter)
 from qmailpy.smtpd.config import SetupError, SmtpdConfig
@@ -464,6 +465,7 @@ class Session:
         self.smtputf8 = smtputf8_parameter(rest)
         self.seenmail = True
         self.rcpt = []
+        self.rcpt_budget = EnvelopeBudget(self.cfg.maxrcpt)    # RCPTs come only after this
         self.mailfrom = addr
         self.out += R_OK
 
@@ -478,9 +480,6 @@ class Session:
         if self.flagbarf:
             self.out += R_BADMAILFROM
             return
-        if self.cfg.maxrcpt and len(self.rcpt) >= self.cfg.maxrcpt:
-            self.out += R_MAXRCPT
-            return
         if self.cfg.relayclient is not None:
             addr += self.cfg.relayclient
         else:
@@ -491,6 +490,9 @@ class Session:
             if not allowed:
                 self.out += R_NOGATEWAY
                 return
+        if not self.rcpt_budget.admit(len(addr)):
+            self.out += R_MAXRCPT              # control/maxrcpt or the queue's envelope bound
+            return
         self.rcpt.append(addr)
         self.out += R_OK
 

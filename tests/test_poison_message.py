@@ -1,0 +1,96 @@
+"""No poison message (issue 23): qmail-send never dies of one message (docs/qmail-send.md
+"Messages set aside"), and `qmailctl queue delete` removes a message also while qmail-send is
+down (docs/queue-operations.md "Deleting while qmail-send is down"). The envelope limits that
+keep new messages from getting there: tests/test_queue_limits.py."""
+import json
+import re
+
+import pytest
+
+from queue_view import leftovers, queued
+from send_harness import Daemons, wait_mess_gone
+
+MSG = b"Subject: test\n\nhello\n"
+# Accepted by qmail-queue (within qmailpy/queuelimits.py's byte bound: 5000 one-byte
+# recipients, no count cap), but each gets '@' + envnoathost, far beyond the rewriting
+# the bound allows for: 5000 x 14 kB does not fit one PREPROCESSED record (64 MiB).
+RECIPIENTS = 5000
+ENVNOATHOST = "h" * 14000 + ".example"
+
+
+@pytest.fixture
+def daemons(qmail_home):
+    d = Daemons(qmail_home, fake=True)
+    yield d
+    d.kill()
+
+
+def delete(home, *numbers):
+    return home.run(["qmailctl", "queue", "delete", "--home", home.path, "--timeout", "20"]
+                    + [str(n) for n in numbers])
+
+
+@pytest.mark.parametrize("queue_backend", ["log"], indirect=True)
+def test_a_message_too_large_to_record_is_set_aside_and_the_rest_is_delivered(qmail_home, daemons):
+    qmail_home.control("maxrcpt", "0\n")
+    qmail_home.control("envnoathost", ENVNOATHOST + "\n")
+    done = qmail_home.queue_message(MSG, b"joe@test.example", [b"%x" % (i % 16) for i in range(RECIPIENTS)])
+    assert done.returncode == 0, done.stderr
+    [poison] = [m.n for m in queued(qmail_home)]
+    daemons.start()
+    lines = daemons.wait_line(r"^warning: msg %d: set aside: " % poison)
+    assert ("warning: msg %d: set aside: %d recipients take more than a log record holds once "
+            "rewritten" % (poison, RECIPIENTS)) in lines
+    assert qmail_home.queue_message(MSG, b"joe@test.example", [b"bob@test.example"]).returncode == 0
+    lines = daemons.wait_line(r"^end msg ")
+    assert daemons.proc.poll() is None
+    assert "end msg %d" % poison not in lines
+    # still listed, as queued and not yet preprocessed, with its recipients
+    listed = qmail_home.run(["qmailctl", "queue", "list", "--json", "--home", qmail_home.path])
+    assert listed.returncode == 0, listed.stderr
+    [record] = [r for r in map(json.loads, listed.stdout.splitlines()) if r["n"] == poison]
+    assert (record["state"], len(record["recipients"])) == ("S4", RECIPIENTS)
+    # a restart meets it again, sets it aside again, and lives on
+    assert daemons.stop() == 0
+    daemons.start()
+    daemons.wait_for(lambda l: sum(1 for x in l if re.match(r"warning: msg %d: set aside" % poison, x)) == 2,
+                     30, "set aside again")
+    assert daemons.proc.poll() is None
+    got = delete(qmail_home, poison)
+    assert (got.returncode, got.stdout) == (0, b"%d: deleted\n" % poison), got.stderr
+    daemons.wait_line(r"^delete msg %d$" % poison)
+    wait_mess_gone(qmail_home, poison)
+    assert daemons.stop() == 0
+    daemons.start()
+    daemons.wait_started()
+    assert daemons.stop() == 0
+    assert sum(1 for x in daemons.lines() if "set aside" in x) == 2
+    assert leftovers(qmail_home) == []
+
+
+@pytest.mark.both_backends
+def test_delete_while_qmail_send_is_down_removes_queued_and_preprocessed_messages(qmail_home, daemons):
+    # a preprocessed message with a deferred recipient, left when qmail-send stops
+    assert qmail_home.queue_message(MSG, b"joe@test.example", [b"defer@test.example"]).returncode == 0
+    daemons.start()
+    lines = daemons.wait_line(r"^delivery \d+: deferral: ")
+    [waiting] = [int(m.group(1)) for m in map(re.compile(r"new msg (\d+)$").match, lines) if m]
+    assert daemons.stop() == 0
+    # and one queued while it was down, never preprocessed
+    assert qmail_home.queue_message(MSG, b"joe@test.example", [b"bob@test.example"]).returncode == 0
+    [fresh] = [m.n for m in queued(qmail_home)]
+    missing = max(waiting, fresh) + 1
+    got = delete(qmail_home, waiting, fresh, missing)
+    assert got.returncode == 1, got.stderr
+    assert sorted(got.stdout.splitlines()) == sorted([b"%d: deleted" % waiting, b"%d: deleted" % fresh])
+    assert got.stderr == b"qmailctl queue delete: %d: not in queue\n" % missing
+    assert leftovers(qmail_home) == []
+    # a restart finds nothing of them
+    since = daemons.line_count()
+    daemons.start()
+    daemons.wait_started()
+    assert qmail_home.queue_message(MSG, b"joe@test.example", [b"ann@test.example"]).returncode == 0
+    daemons.wait_line(r"^end msg ")
+    assert daemons.stop() == 0
+    assert not [l for l in daemons.lines()[since:] if re.search(r"msg (%d|%d)\b" % (waiting, fresh), l)]
+    assert leftovers(qmail_home) == []
