@@ -113,3 +113,20 @@ def test_a_large_message_that_cannot_be_spooled_is_refused_and_nothing_is_queued
         code, _, text = submit_locally(qmail_home, 0, TMPDIR="/nonexistent-spool-dir")
         assert code == 0, text      # a small message is held in memory: no file needed
     assert len(queued_sizes(qmail_home)) == 1
+
+
+def test_a_spooled_message_is_queued_whole_when_no_queue_server_answers(qmail_home):
+    """A session with queue rights forks qmail-queue's code itself when qmail-qmqpd is not
+    running: a message already spooled to a file (over 1 MiB) is replayed from it."""
+    qmail_home.control("databytes", "0\n")
+    with ListenerProcess(qmail_home) as listener:
+        with socket.create_connection(("127.0.0.1", listener.port), timeout=TIMEOUT) as sock:
+            replies = Replies(sock)
+            replies.last(1)
+            sock.sendall(b"HELO client\r\nMAIL FROM:<a@client.example>\r\nRCPT TO:<b@test.example>\r\nDATA\r\n")
+            assert replies.last(4).startswith(b"354")
+            sock.sendall(b"Subject: spooled\r\n\r\n" + BLOCK * 3 + b".\r\n")
+            assert replies.last(1).startswith(b"250 ok ")
+    [size] = queued_sizes(qmail_home)
+    body = len(b"Subject: spooled\n\n") + 3 * len(BLOCK) * 75 // 76
+    assert body < size < body + 1000        # plus the Received lines

@@ -90,13 +90,25 @@ def test_a_truncated_netstring_is_answered_and_nothing_is_queued(qmail_home, ser
 
 
 @pytest.mark.both_backends
-def test_a_message_beyond_databytes_is_refused(qmail_home, server):
+def test_databytes_bounds_qmqp_from_the_network_and_localdatabytes_local_users(qmail_home):
+    """As in qmail, databytes is for what arrives from the network; a local user is
+    limited only by control/localdatabytes (and qmail's own accounts never)."""
     qmail_home.control("databytes", "1000\n")
+    qmail_home.control("qmqpclients", "127.0.0.1:allow\n")
     big = request(b"x" * 1001, b"a@b", [b"c@d"])
-    assert ask(server.socket, big) == b"Dsorry, that message size exceeds my databytes limit (#5.3.4)"
-    assert empty_queue(qmail_home)
-    assert ask(server.socket, request(b"x" * 1000, b"a@b", [b"c@d"])).startswith(b"Kok ")
-    assert len(queued(qmail_home)) == 1
+    with QmqpServer(qmail_home, "-t", "10", "--tcp", "127.0.0.1:0") as server:
+        assert ask(server.tcp, big) == R_SIZE
+        assert empty_queue(qmail_home)
+        assert ask(server.tcp, request(b"x" * 1000, b"a@b", [b"c@d"])).startswith(b"Kok ")
+        assert ask(server.socket, big).startswith(b"Kok ")
+        if AS_ROOT:         # root is an ordinary local user of this home (nobody's)
+            qmail_home.control("localdatabytes", "1000\n")
+            assert ask(server.socket, big) == R_SIZE
+            assert ask(server.tcp, big) == R_SIZE
+    assert len(queued(qmail_home)) == 2
+
+
+R_SIZE = b"Dsorry, that message size exceeds my databytes limit (#5.3.4)"
 
 
 def test_a_client_that_disconnects_mid_message_leaves_nothing(qmail_home, server):

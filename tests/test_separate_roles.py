@@ -70,3 +70,32 @@ def test_bounce_and_forward_are_queued_as_qmailq(separate_home):
     forward = [m for m in got if b"Delivered-To: bench-fwd@test.example\n" in m]
     assert len(bounce) == 1 and len(forward) == 1, maildir_messages(os.path.join(bench, "Maildir"))
     assert not [l for l in lines if ": deferral: " in l], lines     # qmail-local's forward queued
+
+
+def test_databytes_stops_neither_bounces_nor_forwards(separate_home):
+    """control/databytes bounds SMTP (and QMQP from the network) only, as in qmail: a bounce
+    carrying a 2.7 kB message and a forward of a 3.1 kB one are queued under databytes 3000."""
+    separate_home.control("databytes", "3000\n")
+    users = LocalUsers(separate_home)
+    bench = users.add("bench")
+    users.add("bench-", home=bench, dash="-", wildcard=True)
+    users.dotqmail(bench, "-fwd", "&bench@test.example\n")
+    daemons = Daemons(separate_home)
+    server = QmqpServer(separate_home).start()
+    try:
+        daemons.start()
+        daemons.wait_line(r"^status: ")
+        queue(separate_home, b"bench@test.example", [b"nosuchuser@test.example"],
+              b"Subject: to bounce\n\n" + b"b" * 2700 + b"\n")
+        queue(separate_home, b"joe@far.example", [b"bench-fwd@test.example"],
+              b"Subject: to forward\n\n" + b"f" * 3100 + b"\n")
+        daemons.wait_line(r"^end msg ", 4)
+        got = wait_maildir(os.path.join(bench, "Maildir"), 2)
+    finally:
+        daemons.kill()
+        server.stop()
+    lines = daemons.lines()
+    assert not [l for l in lines if "trouble injecting bounce" in l or "databytes" in l], lines
+    bounce = [m for m in got if b"Subject: failure notice\n" in m and b"b" * 2700 in m]
+    forward = [m for m in got if b"Delivered-To: bench-fwd@test.example\n" in m and b"f" * 3100 in m]
+    assert len(bounce) == 1 and len(forward) == 1, maildir_messages(os.path.join(bench, "Maildir"))

@@ -17,6 +17,11 @@ made for it is removed before the answer (or the close).
 
 TCP clients are checked against control/qmqpclients (tcprules' source format,
 qmailpy.smtpd.listener.Rules) before a worker sees them; a denied one is closed unanswered.
+
+Size limits are qmail's: control/databytes bounds what arrives from the network (TCP
+here; qmail-smtpd checks its own), never what qmail itself queues (bounces and double
+bounces from qmails, forwards), and a local user only when the administrator sets
+control/localdatabytes (docs/submission.md "Size limits").
 """
 import os
 import socket
@@ -27,6 +32,7 @@ from qmailpy.workerserver import DEFAULT_MAX_IDLE, DEFAULT_MAX_USE, REFUSED, Wor
 from qmailpy.mess import MAX_HOLD
 from qmailpy.queue.client import ADDRESS_REFUSED, explain
 from qmailpy.queue.qmqp import MAX_OPTION, NOT_QMQP, netstring, parse_option
+from qmailpy.sizelimits import LOCAL_CONTROL, NETWORK_CONTROL
 
 DEFAULT_LIMIT = 40            # requests served at once; more connections wait in the backlog
 DEFAULT_TIMEOUT = 1200        # seconds a connection may take, from accept to answer
@@ -208,15 +214,16 @@ def peer_uid(conn):
     return struct.unpack("3i", creds)[1]
 
 
-def handle(home, conn, uid, timeout, syncs=None, local=False):
+def handle(home, conn, uid, timeout, syncs=None, local=False, size_limit=None):
     """Read, queue and answer one request in a worker; the exit status. local: from the
-    local socket, whose requests may carry a not-before time."""
+    local socket, whose requests may carry a not-before time. size_limit: the control
+    file holding the largest message size (absent or 0: no limit), or None for none."""
     from qmailpy.home import ControlError, control_int
     from qmailpy.queue.qmailqueue import run_from
     request = Request(conn, time.monotonic() + timeout)
     code = None
     try:
-        databytes = control_int(home, "databytes", 0)
+        databytes = 0 if size_limit is None else max(0, control_int(home, size_limit, 0))
     except ControlError:
         request.failure = R_CONTROLS
     else:
@@ -272,6 +279,11 @@ class Server(WorkerServer):
         self.rules, self.warn = rules, warn
         self.timeout = timeout
         self.unlimited = frozenset(unlimited)
+        from qmailpy import privs
+        try:        # qmail's own submitters: SMTP (checked there), bounces, alias's forwards
+            self.any_size = frozenset(privs.role_uids(home, ("alias", "qmaild", "qmails")).values())
+        except privs.PrivError:
+            self.any_size = self.unlimited
         from qmailpy.groupsync import DirSyncs
         from qmailpy.queue.qmailqueue import SYNC_SLOTS
         try:
@@ -305,8 +317,12 @@ class Server(WorkerServer):
         setup_resident()
 
     def child(self, sock_index, conn, context):
-        return handle(self.home, conn, context[1], self.timeout, self.syncs,
-                      local=self.listening[sock_index] is not self.tcp)
+        local = self.listening[sock_index] is not self.tcp
+        if not local:
+            size_limit = NETWORK_CONTROL
+        else:
+            size_limit = None if context[1] in self.any_size else LOCAL_CONTROL
+        return handle(self.home, conn, context[1], self.timeout, self.syncs, local, size_limit)
 
     def _allowed(self, ip):
         if self.rules is None:

@@ -54,6 +54,12 @@ def bounce_separator(sender):
     return line + b"Return-Path: <" + quote2(sender) + b">\n"
 
 
+def copy_left_out(refusal):
+    """In place of the separator and the message, when the queue permanently refused the
+    bounce that carried the copy (a qmail-queue replacement's scanner, a size limit)."""
+    return b"--- The copy of the message is left out: the queue refused it (" + refusal + b").\n"
+
+
 def bounce_message(sender, recipient, bouncefrom, bouncehost, notes, message, when=None):
     """The complete bounce (for tests and small messages): head, notes, separator, message."""
     return (bounce_head(sender, recipient, bouncefrom, bouncehost, when) + notes

@@ -36,6 +36,7 @@ SLEEP_FOREVER = 86400
 SLEEP_CLEANUP = 76431
 SLEEP_PAUSE = 10
 TODO_BATCH = 4          # todo entries preprocessed per loop iteration
+_DISCARDED = object()   # _queue_bounce(): refused for good, not to be retried
 DYING_TEXT = b"I'm not going to try again; this message has been in the queue too long.\n"
 CHANNEL_FDS = (("local", 1, 2), ("remote", 3, 4))
 EXIT_LOST_HELPER = 111  # qmail's exits 0; a failure status lets systemd or supervise restart it
@@ -577,11 +578,14 @@ class QmailSend:
             qp = self._queue_bounce(n, base, envelope, notes)
             if qp is None:
                 return False
-            self.log(logline.bounce_msg(n, qp))
+            if qp is not _DISCARDED:
+                self.log(logline.bounce_msg(n, qp))
         self.backend.drop_bounce_notes(n)
         return True
 
-    def _queue_bounce(self, n, base, envelope, notes):
+    def _queue_bounce(self, n, base, envelope, notes, refusal=None):
+        """The bounce's qp; None to try again later; _DISCARDED when the queue refuses it
+        permanently even without the copy of the message (refusal: why the copy is left out)."""
         from qmailpy.queue.client import QueueClient, QueueStartError
         c = self.controls
         env_sender, recipient = envelope
@@ -593,22 +597,34 @@ class QmailSend:
         try:
             qq.write(bounce.bounce_head(base, recipient, c.bouncefrom, c.bouncehost))
             qq.write(notes)
-            qq.write(bounce.bounce_separator(base))
-            with open(os.path.join(self.home, "queue", "mess", self.backend.message_path(n)), "rb") as f:
-                while True:
-                    chunk = f.read(65536)
-                    if not chunk:
-                        break
-                    qq.write(chunk)
+            if refusal is not None:
+                qq.write(bounce.copy_left_out(refusal))
+            else:
+                qq.write(bounce.bounce_separator(base))
+                with open(os.path.join(self.home, "queue", "mess", self.backend.message_path(n)), "rb") as f:
+                    while True:
+                        chunk = f.read(65536)
+                        if not chunk:
+                            break
+                        qq.write(chunk)
         except OSError:
             qq.abort()
             self.warn("trouble injecting bounce message, will try later")
             return None
         result = qq.finish(env_sender, [recipient])
-        if not result.ok:
+        if result.ok:
+            return result.pid
+        if not result.permanent:
             self.warn("trouble injecting bounce message, will try later")
             return None
-        return result.pid
+        # Not in qmail, which retries for ever: the same bounce would be refused again.
+        if refusal is None:
+            self.warn(b"bounce message for msg %d permanently refused (%s); sending it without"
+                      b" the copy of the message" % (n, result.text))
+            return self._queue_bounce(n, base, envelope, notes, result.text)
+        self.warn(b"bounce message for msg %d permanently refused (%s); discarding it"
+                  % (n, result.text))
+        return _DISCARDED
 
     # -- todo scans -----------------------------------------------------------------
     def todo_do(self, pulled):
