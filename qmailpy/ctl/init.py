@@ -8,7 +8,8 @@ user without --user, the home becomes a single-user home of that user, since
 nobody else could own its files anyway. Control files are written only when
 missing (control/me also when --me is given), with qmail's installer
 conventions: me = FQDN, defaultdomain = FQDN minus its first label,
-plusdomain = its last two labels, locals and rcpthosts = the FQDN.
+plusdomain = its last two labels, locals and rcpthosts = the FQDN; and, not in
+qmail, databytes = qmailpy.sizelimits.SHIPPED_DATABYTES (qmail's missing file means no limit).
 
 Every run (re)writes HOME/bin/: one launcher per program, which starts the
 Python running qmailctl without site (qmailpy.ctl.launchers); the daemons
@@ -61,12 +62,14 @@ def choose_roles(home, user):
 
 
 def control_files(fqdn):
+    from qmailpy.sizelimits import NETWORK_CONTROL, SHIPPED_DATABYTES
     return {
         "me": fqdn + "\n",
         "defaultdomain": default_domain(fqdn) + "\n",
         "plusdomain": plus_domain(fqdn) + "\n",
         "locals": fqdn + "\n",
         "rcpthosts": fqdn + "\n",
+        NETWORK_CONTROL: "%d\n" % SHIPPED_DATABYTES,
     }
 
 
