@@ -3,6 +3,7 @@
 down (docs/queue-operations.md "Deleting while qmail-send is down"). The envelope limits that
 keep new messages from getting there: tests/test_queue_limits.py."""
 import json
+import os
 import re
 
 import pytest
@@ -93,4 +94,29 @@ def test_delete_while_qmail_send_is_down_removes_queued_and_preprocessed_message
     daemons.wait_line(r"^end msg ")
     assert daemons.stop() == 0
     assert not [l for l in daemons.lines()[since:] if re.search(r"msg (%d|%d)\b" % (waiting, fresh), l)]
+    assert leftovers(qmail_home) == []
+
+
+@pytest.mark.both_backends
+def test_a_delete_never_works_around_a_qmail_send_holding_its_mutex(qmail_home, daemons):
+    """Whoever holds lock/sendmutex (here: this test, as a qmail-send would) owns the queue:
+    qmailctl then hands the delete to it instead of acting itself, and a qmail-send that
+    starts while qmailctl holds it refuses to start."""
+    from qmailpy.ctl.queueoffline import lock_send
+    assert qmail_home.queue_message(MSG, b"joe@test.example", [b"bob@test.example"]).returncode == 0
+    [n] = [m.n for m in queued(qmail_home)]
+    mutex = lock_send(qmail_home.queue)
+    try:
+        got = qmail_home.run(["qmailctl", "queue", "delete", "--home", qmail_home.path, "--timeout", "1",
+                              str(n)])
+        assert (got.returncode, got.stdout) == (111, b"")
+        assert b"did not take the command in 1 s; nothing done" in got.stderr
+        assert [m.n for m in queued(qmail_home)] == [n]
+        daemons.start()
+        daemons.wait_line(r"^alert: cannot start: qmail-send is already running$")
+        assert daemons.proc.wait(timeout=30) == 111
+    finally:
+        os.close(mutex)
+    got = delete(qmail_home, n)
+    assert (got.returncode, got.stdout) == (0, b"%d: deleted\n" % n), got.stderr
     assert leftovers(qmail_home) == []
