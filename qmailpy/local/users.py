@@ -241,6 +241,11 @@ def lookup(home, local):
         value = _table_lookup(table, local)
         if value is not None:
             return _recipient(value)
+    return getpw(home, local)
+
+
+def getpw(home, local):
+    """Steps 2-3 alone: qmail-getpw's answer for a local part (bytes, original case)."""
     found = _getpw(local)
     if found is not None:
         return found
