@@ -89,6 +89,12 @@ def state_restored(n, seg, off, damage_seg, damage_off):
             b" after damage at segment %d offset %d\n" % (n, seg, off, damage_seg, damage_off))
 
 
+def ended_without_body(n, mess_rel):
+    """The log backend ended message n, whose live snapshot had lost its FINISH and whose
+    body is gone, instead of delivering it again for ever (logrecovery.py)."""
+    return b"warning: msg %d: ended: %s is gone and the log holds no FINISH\n" % (n, _b(mess_rel))
+
+
 def set_aside(n, reason):
     """qmail-send cannot process message n (the reason says why) and leaves it where it is,
     untouched, for the administrator (docs/qmail-send.md "Messages set aside"); logged

@@ -57,20 +57,26 @@ _COMMIT = struct.Struct("<QQQQQQQ")
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
+UNKNOWN_BOOT = 0            # never written by a known boot: a word carrying it is never trusted
 _boot = None
 
 
 def boot_id():
     """This boot's id as a u64 (the first 16 hex digits of the kernel's boot_id; never 0),
-    read once per process: no process outlives its boot."""
+    read once per process: no process outlives its boot. UNKNOWN_BOOT when the kernel's
+    boot_id cannot be read (no /proc, as in a chroot): the commit word is then never
+    trusted (every append finds the head's end by reading the head segment), since a
+    fixed stand-in would match a stale word written before a power cut."""
     global _boot
     if _boot is None:
         try:
             with open(BOOT_ID, "rb") as f:
                 _boot = int(f.read(36).replace(b"-", b"")[:16], 16) or 1
         except (OSError, ValueError):
-            _boot = 1
+            _boot = UNKNOWN_BOOT
     return _boot
+
+
 COMMIT_SIZE = _COMMIT.size
 FILE_MODE = 0o660
 
@@ -139,6 +145,8 @@ class LogWriter:
         try:
             os.mkdir(logdir)
             os.chmod(logdir, 0o2770)         # qmailq and qmails share it (group qmail)
+            # durable in queue/ before anything in it is: a lost log/ loses every segment
+            fsync_dir(os.path.dirname(os.path.abspath(logdir)))
         except FileExistsError:
             pass
         if segment_limit is None:
@@ -173,7 +181,7 @@ class LogWriter:
         """(head, end) to append at, under `lock`: the word's own within the boot that
         wrote it; in a new boot, the true end recovered from the segments (see above)."""
         boot = boot_id()
-        if commit[6] == boot:
+        if boot != UNKNOWN_BOOT and commit[6] == boot:
             return commit[0], commit[1]
         segments = list_segments(self.logdir)
         head = segments[-1] if segments else 0

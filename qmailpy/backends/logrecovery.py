@@ -4,22 +4,27 @@ Durability: ENVELOPE (qmail-queue) and DELIVERY records are fsync'd before
 success is reported, shared between processes (group commit, logcommit.py).
 Everything else is bookkeeping. Every CHECKPOINT_EVERY seconds: fsync the head;
 only then write the garbage flags of records superseded since the last checkpoint,
-delete all-garbage segments (loggarbage.py), fsync the segments that got flags,
-and write queue/log/checkpoint (the restart positions): the replay position, the
-runners' positions, live-record counts per segment, the ENVELOPEs not yet
-preprocessed and the messages in flight.
+fsync the segments that got flags, and write queue/log/checkpoint (the restart
+positions): the replay position, the runners' positions, live-record counts per
+segment, the ENVELOPEs not yet preprocessed and the messages in flight. Only after
+it is renamed into place and log/ fsync'd are finished messages' bodies removed and
+all-garbage segments deleted (loggarbage.py): before, a power cut could keep such an
+unlink with the old checkpoint, which still lists a message in flight whose FINISH
+was in the unlinked segment.
 
 Recovery (startup) reads the checkpoint and only the working suffix: from the
 replay position, or from the first delta of a message in flight if earlier. A
 torn tail is cut off and reported; a corrupt record in the middle is copied to
 queue/log/quarantine/ and reported. Passes that were in flight (START without a
 REPLACEMENT or FINISH) are reconciled: a REPLACEMENT with their remaining
-recipients due now. It never reads the rest of the queue.
+recipients due now, unless the body is gone (ended_without_body). It never reads
+the rest of the queue.
 """
 import fcntl
 import json
 import os
 
+from qmailpy import logline
 from qmailpy.backends import logcounts, logrecords as R
 from qmailpy.backends.base import CleanerLost, QueueError
 from qmailpy.backends.logcommit import fsync_dir
@@ -28,6 +33,7 @@ from qmailpy.backends.logdamage import quarantined
 from qmailpy.backends.loginflight import InFlight
 from qmailpy.backends.logsegments import now as _now
 from qmailpy.fileio import write_all
+from qmailpy.layout import relpath
 
 CHECKPOINT_EVERY = 5
 CHECKPOINT = "checkpoint"
@@ -222,6 +228,8 @@ class LogRecovery:
         """Half-finished passes: a REPLACEMENT with what is left, due now."""
         now = _now()
         for n, a in sorted(self.active.items()):
+            if self.ended_without_body(n, a.snap):
+                continue
             for c in a.passes:
                 if c in a.channels:
                     a.channels[c][0] = min(a.channels[c][0], now)
@@ -257,16 +265,6 @@ class LogRecovery:
         # disk still reads live (a restart would take it for live and offer it again).
         self.garbage.clear()
         self.garbage.update(unwritten)
-        cleaning, self.to_clean = self.to_clean, []
-        for i, n in enumerate(cleaning):
-            try:
-                self._clean(n)
-            except CleanerLost:
-                # qmail-send must exit (docs/qmail-send.md "Signals"); no checkpoint is written, so a
-                # restart replays these FINISH records and cleans their bodies then.
-                self.to_clean = cleaning[i:] + self.to_clean
-                raise
-        self._clean_replayed()
         # Every cursor reads afresh: a buffer read before the flags were written shows the
         # records superseded since as live, and self.garbage no longer names them (a
         # paused SIGALRM sweep offered a finished message again, tests/test_logqueue_sweep.py).
@@ -275,7 +273,7 @@ class LogRecovery:
         self.new_cursor.invalidate()
         if self.flusher is not None:
             self.flusher[0].invalidate()
-        self._delete_garbage_segments(replay)
+        cleaning = self.to_clean
         try:
             for seg in flagged:
                 fd = self._segment_fd(seg)
@@ -285,11 +283,46 @@ class LogRecovery:
                 self.state_counts.write(self.logdir)
             if unwritten:
                 self._warn("trouble writing %d garbage flags; checkpoint put off" % len(unwritten))
-            else:
-                self._write_checkpoint(replay)
+                return
+            self._write_checkpoint(replay, cleaning)
         except OSError as e:
             self._warn("trouble writing log checkpoint: %s" % e.strerror)
+            return
+        # Only now that the checkpoint no longer needs them: the bodies of finished
+        # messages and the segments with nothing live. Unlinked before, a power cut could
+        # keep an unlink (any later fsync commits it) with the old checkpoint, which lists
+        # as in flight a message whose FINISH was in the unlinked segment.
+        self.to_clean = []
+        for i, n in enumerate(cleaning):
+            try:
+                self._clean(n)
+            except CleanerLost:
+                # qmail-send must exit (docs/qmail-send.md "Signals"); the checkpoint just
+                # written names these numbers ("clean"), so a restart cleans them.
+                self.to_clean = cleaning[i:] + self.to_clean
+                raise
+        self._clean_replayed()
+        self._delete_garbage_segments(replay)
 
+    def ended_without_body(self, n, snap):
+        """True, after ending it, for message n whose snapshot at `snap` is live but whose
+        body is gone: mess/S/n is removed only after a durable FINISH, so the message
+        ended and its FINISH is lost (damage, or a power cut on a checkpoint before issue
+        29's order). Delivered again it would fail for ever. A FINISH ends it, with a
+        warning naming it (docs/log-queue.md "Recovery and checkpoints")."""
+        rel = relpath("mess", n)
+        try:
+            os.stat(os.path.join(self.queue, rel))
+            return False
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False                    # the delivery reports the trouble and is retried
+        self._append(R.encode_finish(_now(), n, snap))
+        self._supersede(snap)
+        if self._log is not None:
+            self._log(logline.ended_without_body(n, rel))
+        return True
 
     def _clean_replayed(self):
         """Clean the bodies of FINISHes that recovery replayed, unless reused.
@@ -323,7 +356,7 @@ class LogRecovery:
         finally:
             os.close(fd)
 
-    def _write_checkpoint(self, replay):
+    def _write_checkpoint(self, replay, cleaning=()):
         runners = [list(r.restart_pos()) for r in self.runners]
         body = json.dumps({
             "version": 1, "replay": list(replay), "runners": runners,
@@ -331,7 +364,7 @@ class LogRecovery:
             "pending": {str(n): list(p) for n, p in self.pending_new.items()},
             "active": {str(n): [list(a.snap), list(a.delta_start) if a.delta_start else None,
                                 sorted(a.passes)] for n, a in self.active.items()},
-            "clean": self.replayed_clean,
+            "clean": self.replayed_clean + list(cleaning),
         }, separators=(",", ":")).encode()
         data = body + b" %d\n" % R.crc32c(body)
         tmp = os.path.join(self.logdir, CHECKPOINT + ".tmp")

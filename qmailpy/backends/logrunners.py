@@ -144,6 +144,8 @@ class LogRunners:
             cur.skip(length)
 
     def _offer(self, rec, channels, now, found, at=None):
+        if self.ended_without_body(rec.n, rec.pos):
+            return
         a = InFlight(rec.n, rec.pos, rec)
         a.offered = set(channels)
         self.active[rec.n] = a
