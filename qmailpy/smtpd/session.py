@@ -96,6 +96,7 @@ class Session:
         self.smtputf8 = False       # MAIL FROM had the SMTPUTF8 parameter
         self.hold_until = None      # MAIL FROM's HOLDFOR/HOLDUNTIL, epoch seconds
         self.authenticated = None   # the user name after a successful AUTH
+        self.dnsbl = None           # (reply, log text) while the client is listed (smtpd/dnsbl.py)
         self.auth_failures = 0
         self._checkpassword = None
         self._in_poll = select.poll()       # one per direction for the whole session
@@ -205,6 +206,7 @@ class Session:
                 raise _End(1, R_CONTROLS)
             if self.cfg.session_deadline:
                 self.until = time.monotonic() + self.cfg.session_deadline
+            self.dnsbl = _dnsbl(self.home, self.cfg)
             self.out += b"220 " + self.cfg.greeting + b" ESMTP\r\n"
             while True:
                 line = self.readline()
@@ -235,6 +237,11 @@ class Session:
             verb, arg = line, b""
         else:
             verb, arg = line[:space], line[space:].lstrip(b" ")
+        if self.dnsbl is not None and self.authenticated is None:
+            from qmailpy.smtpd.dnsbl import ALLOWED
+            if verb.lower() not in ALLOWED:
+                self.out += self.dnsbl[0]
+                return
         handler = _COMMANDS.get(verb.lower(), Session.unimplemented)
         handler(self, arg)
 
@@ -564,6 +571,20 @@ class Session:
 
 class _Cancelled(Exception):
     """The client answered a 334 with "*"."""
+
+
+def _dnsbl(home, cfg):
+    """smtpd/dnsbl.py's verdict on the client, logged when it is listed (docs/submission.md "DNSBLs")."""
+    if cfg.relayclient is not None or not os.path.exists(os.path.join(home, "control", "dnsbl")):
+        return None
+    from qmailpy.smtpd import dnsbl
+    try:
+        listed = dnsbl.at_connect(home, cfg)
+    except ControlError:
+        raise _End(1, R_CONTROLS) from None
+    if listed is not None:
+        log(b"dnsbl: " + listed[1])
+    return listed
 
 
 def log(line):
