@@ -1,0 +1,119 @@
+"""predate, datemail, mailsubj and tcp-env as processes (qmail's predate.c, datemail, mailsubj, tcp-env.c)."""
+import os
+import re
+import socket
+import subprocess
+import time
+
+import pytest
+
+DATE = re.compile(rb"Date: (\d{1,2}) (\w{3}) (\d{4}) (\d\d):(\d\d):(\d\d) ([+-]\d{4})\n")
+
+
+@pytest.mark.parametrize("tz, offset", [("UTC0", b"+0000"), ("IST-5:30", b"+0530"), ("EST5", b"-0500")])
+def test_predate_puts_a_local_date_before_the_message(qmail_home, tz, offset):
+    before = time.time()
+    done = qmail_home.run(["predate", "cat"], input=b"Subject: x\n\nbody", env=dict(qmail_home.env, TZ=tz))
+    assert done.returncode == 0 and done.stderr == b""
+    m = DATE.match(done.stdout)
+    assert m and m.group(7) == offset, done.stdout
+    assert done.stdout[m.end():] == b"Subject: x\n\nbody"
+    shift = (int(offset[1:3]) * 60 + int(offset[3:])) * 60 * (1 if offset[:1] == b"+" else -1)
+    stamp = time.strptime(b" ".join(m.groups()[:3]).decode() + " " + b":".join(m.groups()[3:6]).decode(),
+                          "%d %b %Y %H:%M:%S")
+    import calendar
+    utc = calendar.timegm(stamp) - shift
+    assert before - 2 <= utc <= time.time() + 2
+
+
+def test_predate_passes_on_the_childs_exit_code_and_reports_failures(qmail_home):
+    h = qmail_home
+    assert h.run(["predate", "sh", "-c", "cat >/dev/null; exit 7"], input=b"x\n").returncode == 7
+    done = h.run(["predate", "sh", "-c", "kill -9 $$"], input=b"x\n")
+    assert (done.returncode, done.stderr) == (111, b"predate: fatal: child crashed\n")
+    done = h.run(["predate", "no-such-program-here"], input=b"x\n")
+    assert (done.returncode, done.stderr) == (
+        111, b"predate: fatal: unable to run no-such-program-here: file does not exist\n")
+    done = h.run(["predate"])
+    assert (done.returncode, done.stderr) == (100, b"predate: usage: predate child\n")
+
+
+@pytest.fixture
+def captured(qmail_home):
+    """QMAILQUEUE set to a script that keeps the message and the envelope; returns (env, read)."""
+    d = os.path.join(qmail_home.path, "captured")
+    os.mkdir(d)
+    script = os.path.join(d, "qq")
+    with open(script, "w") as f:
+        f.write("#!/bin/sh\ncat > %s/msg\ncat <&1 > %s/env\n" % (d, d))
+    os.chmod(script, 0o755)
+
+    def read():
+        with open(os.path.join(d, "msg"), "rb") as m, open(os.path.join(d, "env"), "rb") as e:
+            return m.read(), e.read()
+    return dict(qmail_home.env, QMAILQUEUE=script), read
+
+
+def test_datemail_is_sendmail_with_a_local_date(qmail_home, captured):
+    env, read = captured
+    done = qmail_home.run(["datemail", "-t"], input=b"To: joe@test.example\nSubject: d\n\nbody\n",
+                          env=dict(env, TZ="IST-5:30"))
+    assert (done.returncode, done.stderr) == (0, b"")
+    msg, envelope = read()
+    dates = [line for line in msg.split(b"\n\n")[0].split(b"\n") if line.startswith(b"Date:")]
+    assert len(dates) == 1 and DATE.match(dates[0] + b"\n").group(7) == b"+0530"
+    assert b"Tjoe@test.example\0" in envelope
+
+
+def test_mailsubj_sends_stdin_with_subject_and_to(qmail_home, captured):
+    env, read = captured
+    done = qmail_home.run(["mailsubj", "hi there", "a@test.example", "b@test.example"], input=b"text\n", env=env)
+    assert (done.returncode, done.stderr) == (0, b"")
+    msg, envelope = read()
+    head, body = msg.split(b"\n\n", 1)
+    assert b"\nSubject: hi there\n" in b"\n" + head + b"\n"
+    assert b"\nTo: a@test.example, b@test.example\n" in b"\n" + head + b"\n"
+    assert body == b"text\n"
+    assert envelope.endswith(b"Ta@test.example\0Tb@test.example\0\0")
+    done = qmail_home.run(["mailsubj", "only a subject"], input=b"", env=env)
+    assert (done.returncode, done.stderr) == (100, b"mailsubj: usage: mailsubj subject recipient ...\n")
+
+
+def _closed_udp_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tcp_env_sets_the_connections_variables(qmail_home):
+    h = qmail_home
+    h.control("dnsresolvers", "127.0.0.1:%d\n" % _closed_udp_port())     # no names: lookups fail fast
+    h.control("timeoutdns", "1\n")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        client = socket.create_connection(listener.getsockname())
+        conn, _ = listener.accept()
+        with client, conn:
+            env = dict(h.env, TCPREMOTEHOST="stale.example", PROTO="SOMETHING")
+            done = subprocess.run(["tcp-env", "-R", "env"], stdin=conn, capture_output=True, env=env, timeout=60)
+            assert done.returncode == 0, done.stderr
+            got = dict(line.split("=", 1) for line in done.stdout.decode().splitlines() if "=" in line)
+            assert {k: got.get(k) for k in ("PROTO", "TCPREMOTEIP", "TCPREMOTEPORT", "TCPLOCALIP", "TCPLOCALPORT",
+                                            "TCPREMOTEHOST", "TCPREMOTEINFO")} == {
+                "PROTO": "TCP", "TCPREMOTEIP": "127.0.0.1", "TCPREMOTEPORT": str(client.getsockname()[1]),
+                "TCPLOCALIP": "127.0.0.1", "TCPLOCALPORT": str(listener.getsockname()[1]),
+                "TCPREMOTEHOST": None, "TCPREMOTEINFO": None}
+            done = subprocess.run(["tcp-env", "env"], stdin=conn, capture_output=True, timeout=60,
+                                  env=dict(h.env, PROTO="TCP", TCPREMOTEIP="192.0.2.1"))
+            assert b"\nTCPREMOTEIP=192.0.2.1\n" in b"\n" + done.stdout   # PROTO=TCP: already set
+
+
+def test_tcp_env_bad_input(qmail_home):
+    h = qmail_home
+    env = dict(h.env)
+    env.pop("PROTO", None)
+    done = h.run(["tcp-env", "env"], input=b"", env=env)
+    assert (done.returncode, done.stderr) == (111, b"tcp-env: fatal: standard input is not a socket\n")
+    done = h.run(["tcp-env", "-R"], env=env)
+    assert (done.returncode, done.stderr) == (100, b"tcp-env: usage: tcp-env [ -rR ] [ -t timeout ] program\n")
