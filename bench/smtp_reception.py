@@ -15,8 +15,12 @@ program) and the same listener is measured twice in one run: N messages in clear
 more with STARTTLS on every connection; it also prints the cost of one STARTTLS
 (the command, 220 and the TLS handshake, client and server on this machine).
 
+With --qmqpd, qmail-qmqpd runs too and every session hands its message to it, as on a
+server started with qmailctl start.
+
 Usage: .venv/bin/python bench/smtp_reception.py [-c CLIENTS] [-n MESSAGES]
                                                [-m MESSAGES_PER_CONNECTION] [-s BODY_BYTES] [--tls]
+                                               [--qmqpd]
 """
 import argparse
 import multiprocessing
@@ -196,6 +200,9 @@ def main():
     ap.add_argument("-n", "--messages", type=int, default=2000)
     ap.add_argument("-m", "--per-connection", type=int, default=1)
     ap.add_argument("-s", "--size", type=int, default=2000, help="body bytes per message")
+    ap.add_argument("--qmqpd", action="store_true",
+                    help="run qmail-qmqpd too, so that sessions hand their messages to it (as under"
+                         " qmailctl start) instead of forking qmail-queue's code")
     ap.add_argument("--tls", action="store_true",
                     help="measure again with STARTTLS on every connection, in the same run")
     args = ap.parse_args()
@@ -203,6 +210,12 @@ def main():
     cafile = make_cert(home) if args.tls else None
     body = (b"From: sender@bench.client\r\nTo: rcpt@bench.example\r\nSubject: bench\r\n\r\n"
             + (b"x" * 78 + b"\r\n") * max(1, args.size // 80) + b".\r\n")
+    qmqpd = None
+    if args.qmqpd:
+        qmqpd = subprocess.Popen([os.path.join(BIN, "qmail-qmqpd")], stderr=subprocess.PIPE,
+                                 env=dict(os.environ, QMAILHOME=home))
+        if b"listening on" not in qmqpd.stderr.readline():
+            raise SystemExit("qmail-qmqpd did not start")
     listener = subprocess.Popen([os.path.join(BIN, "qmail-smtpd-listen"), "-c", "100", "-s", "100",
                                  "127.0.0.1:0"], stderr=subprocess.PIPE,
                                 env=dict(os.environ, QMAILHOME=home))
@@ -221,6 +234,10 @@ def main():
         listener.terminate()
         listener.wait()
         listener.stderr.close()
+        if qmqpd is not None:
+            qmqpd.terminate()
+            qmqpd.wait()
+            qmqpd.stderr.close()
         shutil.rmtree(base, ignore_errors=True)
     print("smtp reception: %d clients, %d messages (%d per connection), %d body bytes"
           % (args.clients, args.messages, args.per_connection, len(body)))
