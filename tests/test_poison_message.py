@@ -120,3 +120,23 @@ def test_a_delete_never_works_around_a_qmail_send_holding_its_mutex(qmail_home, 
     got = delete(qmail_home, n)
     assert (got.returncode, got.stdout) == (0, b"%d: deleted\n" % n), got.stderr
     assert leftovers(qmail_home) == []
+
+
+@pytest.mark.dir_only       # writes a todo/ file qmail-send cannot read
+def test_a_todo_entry_that_never_preprocesses_is_deleted_while_qmail_send_runs(qmail_home, daemons):
+    """The directory backend keeps qmail's way with a todo/ entry it cannot read (a warning
+    at every scan, tests/test_send_loop.py); delete removes it once TODO_TRIES scans failed."""
+    assert qmail_home.queue_message(MSG, b"joe@test.example", [b"bob@test.example"]).returncode == 0
+    [n] = [m.n for m in queued(qmail_home)]
+    with open(os.path.join(qmail_home.queue, "todo", str(n)), "ab") as f:
+        f.write(b"Zjunk\0")
+    daemons.start()
+    daemons.wait_line(r"^warning: unknown record type in todo/%d$" % n)
+    got = delete(qmail_home, n)
+    assert (got.returncode, got.stdout) == (0, b"%d: deleted\n" % n), got.stderr
+    daemons.wait_line(r"^delete msg %d$" % n)
+    wait_mess_gone(qmail_home, n)
+    assert qmail_home.queue_message(MSG, b"joe@test.example", [b"ann@test.example"]).returncode == 0
+    daemons.wait_line(r"^end msg ")
+    assert daemons.stop() == 0
+    assert leftovers(qmail_home) == []

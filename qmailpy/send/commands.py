@@ -248,8 +248,10 @@ class CommandDesk:
                     continue
                 answers.append((n,) + self._carry_out(op.command, n))
                 backend.let_go(n)
-            elif n in queued and backend.is_set_aside(n):
-                answers.append((n,) + self._carry_out_set_aside(op.command, n))
+            elif n in queued and (backend.is_set_aside(n) or op.command.action == "delete"
+                                  and op.tries >= TODO_TRIES):
+                # one that preprocessing set aside, or still fails after TODO_TRIES scans
+                answers.append((n,) + self._carry_out_queued(op.command, n))
             elif n in queued and op.tries < TODO_TRIES:
                 op.todo.add(n)                   # answered after a todo scan
             elif n in queued:
@@ -335,9 +337,9 @@ class CommandDesk:
             except QueueError as e:
                 send.warn(str(e))
 
-    def _carry_out_set_aside(self, cmd, n):
-        """A message preprocessing set aside (docs/qmail-send.md "Messages set aside"):
-        it can only be deleted."""
+    def _carry_out_queued(self, cmd, n):
+        """A message that preprocessing set aside (docs/qmail-send.md "Messages set aside")
+        or that fails it scan after scan: it can only be deleted."""
         if cmd.action != "delete":
             return command.NONE, "set aside (see the log): only delete acts on it", ()
         try:
