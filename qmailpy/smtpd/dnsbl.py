@@ -91,3 +91,11 @@ def at_connect(home, cfg):
     from qmailpy import resolver
     from qmailpy.remote.dns import resolver_lookup
     return check(cfg.remoteip, table, resolver_lookup(config=resolver.settings(home)))
+
+
+def preload():
+    """Import what a lookup needs (qmail-smtpd-listen, once for all its session workers)."""
+    import dns.nameserver       # noqa: F401
+    import dns.resolver         # noqa: F401
+    import qmailpy.remote.dns   # noqa: F401
+    import qmailpy.resolver     # noqa: F401
