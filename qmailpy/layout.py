@@ -82,7 +82,8 @@ class Entry:
 
 
 def layout_file():
-    """The installed layout.conf (sys.prefix/share/qmailpy), else the checkout's."""
+    """The installed layout.conf (sys.prefix/share/qmailpy, else where the distribution's
+    file list says: qmailpy/installed.py), else the checkout's."""
     import sys
     candidates = [
         os.path.join(sys.prefix, "share", "qmailpy", "queue-layout", LAYOUT_NAME),
@@ -92,6 +93,10 @@ def layout_file():
     for path in candidates:
         if os.path.isfile(path):
             return path
+    from qmailpy.installed import data_file
+    path = data_file("share/qmailpy/queue-layout/" + LAYOUT_NAME)
+    if path is not None:
+        return path
     raise LayoutError("cannot find %s (looked in %s)" % (LAYOUT_NAME, ", ".join(candidates)))
 
 

@@ -58,11 +58,38 @@ def test_every_program_is_a_launcher_of_the_installing_python(venv, home):
     path, env = home
     names = set(os.listdir(os.path.join(path, "bin")))
     assert set(PER_MESSAGE + DAEMONS) <= names
-    assert "qmail-audit" not in names             # runs under spark-submit, set up its own way
     for name in names:
         program = os.path.join(path, "bin", name)
         assert os.stat(program).st_mode & 0o777 == 0o755
-        assert shebang(program) == "#!%s -IS\n" % os.path.join(venv, "bin", "python")
+        python = os.path.join(venv, "bin", "python")
+        # qmail-audit runs Spark, whose workers start Python their own way: with site
+        assert shebang(program) == ("#!%s\n" % python if name == "qmail-audit" else "#!%s -IS\n" % python)
+
+
+def test_home_bin_qmailctl_finds_the_installed_layout(venv, home):
+    """python -IS in a virtualenv has sys.prefix /usr: layout.conf is found through the
+    distribution's file list, in the venv's share/qmailpy (not the checkout's)."""
+    path, env = home
+    done = subprocess.run([os.path.join(path, "bin", "qmailctl"), "check", "--home", path], env=env,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, (done.stdout + done.stderr).decode()
+    probe = subprocess.run([os.path.join(venv, "bin", "python"), "-IS", "-c",
+                            "import sys; sys.path.extend(%r); from qmailpy import layout; print(layout.layout_file())"
+                            % ([site_packages(venv)],)], capture_output=True, timeout=60, cwd="/")
+    assert probe.stdout.decode().strip() == os.path.join(venv, "share", "qmailpy", "queue-layout", "layout.conf"), \
+        probe.stderr.decode()
+
+
+def test_man_finds_the_pages_with_home_bin_on_path(venv, home):
+    """HOME/man is a link to the installation's pages: man(1) looks in HOME/bin/../man."""
+    if shutil.which("man") is None:
+        pytest.skip("man is not installed")
+    path, env = home
+    assert os.readlink(os.path.join(path, "man")) == os.path.join(venv, "share", "man")
+    env = dict(os.environ, PATH=os.path.join(path, "bin") + ":/usr/bin:/bin")
+    env.pop("MANPATH", None)
+    done = subprocess.run(["man", "-w", "8", "qmail-send"], env=env, capture_output=True, timeout=60)
+    assert done.stdout.decode().strip() == os.path.join(path, "man", "man8", "qmail-send.8"), done.stderr
 
 
 def test_a_launcher_starts_without_site_and_imports_the_installed_package(venv, home):
@@ -145,3 +172,25 @@ def test_man_pages_are_installed_where_man_finds_them(venv):
         done = subprocess.run(["man", "-w", section, page], env=env, capture_output=True, timeout=60)
         assert done.stdout.decode().strip() == os.path.join(venv, "share", "man", "man" + section,
                                                             "%s.%s" % (page, section)), done.stderr
+
+
+def test_init_refuses_a_python_the_accounts_cannot_run(venv, tmp_path):
+    """As root: an interpreter in a directory only root may enter (pyenv under /root) would
+    give daemons that cannot start; init says which account and what to do, and writes nothing."""
+    if not AS_ROOT:
+        pytest.skip("needs root: the check runs the interpreter as the home's accounts")
+    base = os.path.dirname(venv)
+    path = os.path.join(traversable_base(tmp_path), "home")
+    os.chmod(base, 0o700)
+    try:
+        done = subprocess.run([os.path.join(venv, "bin", "qmailctl"), "init", "--home", path, "--me",
+                               "test.example", "--user", "nobody"],
+                              env={"PATH": "/usr/bin:/bin"}, capture_output=True, timeout=60)
+    finally:
+        os.chmod(base, 0o755)
+    err = done.stderr.decode()
+    assert done.returncode == 1 and "Traceback" not in err, err
+    assert err.startswith("qmailctl init: the account nobody cannot run %s with qmailpy (" %
+                          os.path.join(venv, "bin", "python")), err
+    assert "python3 -m venv /opt/qmailpy" in err
+    assert not os.path.exists(path)

@@ -61,8 +61,7 @@ def test_units_run_the_programs_qmailctl_init_writes(tmp_path):
             elif command.startswith("/"):
                 assert os.access(command, os.X_OK), "%s %s: %s missing" % (name, key, command)
             else:
-                assert (name, command) == ("qmail-audit.service", "qmail-audit"), \
-                    "%s %s: %s is not an absolute path" % (name, key, command)
+                raise AssertionError("%s %s: %s is not an absolute path" % (name, key, command))
     assert checked >= 4
     for name in ("qmail-send.service", "qmail-qmqpd.service", "qmail-smtpd@.service"):
         assert re.search(r"^ExecStart=%s/bin/qmail-" % DEFAULT_HOME, text(name), re.M), name
@@ -104,8 +103,6 @@ def test_systemd_analyze_verify_is_clean(installed, tmp_path):
     where.mkdir()
     for name in units():
         unit = text(name).replace(DEFAULT_HOME, home)
-        # what the unit's comment tells a virtualenv install to put in a drop-in
-        unit = unit.replace("ExecStart=qmail-audit ", "ExecStart=%s/bin/qmail-audit " % venv)
         (where / name).write_text(unit)
     # man(1) finds the install's pages through PATH (venv/bin -> venv/share/man)
     env = {"PATH": os.path.join(venv, "bin") + ":/usr/sbin:/usr/bin:/sbin:/bin"}

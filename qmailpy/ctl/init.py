@@ -87,6 +87,8 @@ def run(args):
         return 1
     root = os.geteuid() == 0
     try:
+        if root:
+            launchers.check_runnable(roles)      # before anything is written
         os.makedirs(home, exist_ok=True)
         owners = layout.Owners(home, roles)
         created = layout.create_hierarchy(home, owners=owners, set_owners=root)

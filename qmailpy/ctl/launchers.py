@@ -11,18 +11,31 @@ qmailpy and the distributions it requires, as this interpreter finds them now:
 a virtualenv's site-packages, a system `pip install`'s dist-packages with its
 dependencies wherever they are, or an editable install's source tree.
 
-Every console script of the qmailpy distribution gets one except those in
-NOT_LAUNCHED. After a pip install that moves anything, `qmailctl init` again
-rewrites them (it always does, atomically).
+Every console script of the qmailpy distribution gets one; those in
+WITH_SITE start the interpreter with site, as pip's own script does (qmail-audit
+runs Spark, whose workers start Python their own way), so that a unit can name
+HOME/bin/qmail-audit whichever installation wrote it. After a pip install that
+moves anything, `qmailctl init` again rewrites them (it always does, atomically).
+
+HOME/man is made a symbolic link to the installation's share/man (where pip put
+the pages), as qmail keeps its pages in /var/qmail/man: with HOME/bin on PATH,
+man(1) looks in HOME/bin/../man.
+
+Run as root, `qmailctl init` first checks that each account of the home can run
+the interpreter and import qmailpy (check_runnable): a Python under /root, or a
+package directory only root can read, would give daemons that cannot start.
 """
 import os
 import re
 import sys
 
 MARK = "# Written by qmailctl init (qmailpy.ctl.launchers)"
-# qmail-audit runs under spark-submit, which sets up its interpreter its own way.
-NOT_LAUNCHED = frozenset({"qmail-audit"})
+# qmail-audit runs Spark, which starts Python workers its own way: with site.
+WITH_SITE = frozenset({"qmail-audit"})
 DISTRIBUTION = "qmailpy"
+MAN_LINK = "man"
+# what the daemons import first: the queue server, and the module the issue saw missing
+RUNNABLE_PROBE = "import qmailpy.cli.qmail_qmqpd, qmailpy.cli.qmail_send, resource"
 
 
 class LauncherError(Exception):
@@ -79,14 +92,20 @@ def programs():
                             " with pip to get the programs in QMAILHOME/bin")
     found = {}
     for entry in dist.entry_points:
-        if entry.group != "console_scripts" or entry.name in NOT_LAUNCHED:
+        if entry.group != "console_scripts":
             continue
         module, _, function = entry.value.partition(":")
         found[entry.name] = (module.strip(), function.strip())
     return found
 
 
-def launcher_text(python, paths, module, function):
+def launcher_text(python, paths, module, function, site=False):
+    if site:
+        return ("#!%s\n" % python
+                + MARK + ": starts Python with site (its installation's); see qmailctl(8).\n"
+                + "import sys\n"
+                + "from %s import %s\n" % (module, function)
+                + "sys.exit(%s())\n" % function)
     return ("#!%s -IS\n" % python
             + MARK + ": starts Python without site; see qmailctl(8).\n"
             + "import sys\n"
@@ -115,7 +134,7 @@ def write(home, uid=None, gid=None, python=None):
         path = os.path.join(bindir, name)
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
-            f.write(launcher_text(python, paths, module, function))
+            f.write(launcher_text(python, paths, module, function, site=name in WITH_SITE))
         if uid is not None:
             os.chown(tmp, uid, gid)
         os.chmod(tmp, 0o755)
@@ -123,7 +142,74 @@ def write(home, uid=None, gid=None, python=None):
     for name in os.listdir(bindir):
         if name not in wanted and _is_ours(os.path.join(bindir, name)):
             os.unlink(os.path.join(bindir, name))
+    link_man(home)
     return sorted(wanted)
+
+
+def man_dir():
+    """The installation's share/man (the directory above man8/qmail-send.8), or None."""
+    from qmailpy.installed import data_file
+    page = data_file("share/man/man8/qmail-send.8")
+    return os.path.dirname(os.path.dirname(page)) if page else None
+
+
+def link_man(home):
+    """HOME/man -> the installation's share/man, made through the home's descriptor;
+    a HOME/man that is not a symbolic link (an administrator's own) is left alone."""
+    target = man_dir()
+    if target is None:
+        return None
+    from qmailpy import nofollow
+    dfd = nofollow.open_path(home, "")
+    try:
+        try:
+            if os.readlink(MAN_LINK, dir_fd=dfd) == target:
+                return target
+        except FileNotFoundError:
+            pass
+        except OSError:              # not a symbolic link: not ours to replace
+            return None
+        tmp = MAN_LINK + ".tmp"
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        os.symlink(target, tmp, dir_fd=dfd)
+        os.rename(tmp, MAN_LINK, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    return target
+
+
+def check_runnable(roles, python=None):
+    """Raises LauncherError naming the first account of roles (control/roles' table) that
+    cannot start python -IS and import qmailpy from the launchers' paths, and what to do."""
+    import subprocess
+    from qmailpy import privs
+    python = python or sys.executable
+    accounts = [(privs.uid_of_name(roles[role]), privs.gid_of_name(roles[privs.ROLE_GROUP.get(role, "qmail")]))
+                for role in privs.USER_ROLES]
+    paths = package_paths()
+    probe = "import sys; sys.path.extend(%r); %s" % (paths, RUNNABLE_PROBE)
+    for uid, gid in sorted(set(accounts)):
+        try:
+            done = subprocess.run([python, "-IS", "-c", probe], user=uid, group=gid, extra_groups=[],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, cwd="/", env={}, timeout=60)
+            error = done.stderr.decode(errors="replace").strip().splitlines()[-1:] if done.returncode else None
+        except OSError as e:
+            error = [e.strerror]
+        if error is not None:
+            import pwd
+            try:
+                name = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                name = str(uid)
+            raise LauncherError(
+                "the account %s cannot run %s with qmailpy (%s): the daemons would not start. Install "
+                "qmailpy where every account can read it, e.g. python3 -m venv /opt/qmailpy && "
+                "/opt/qmailpy/bin/pip install ., then run /opt/qmailpy/bin/qmailctl init"
+                % (name, python, (error or ["exit %d" % done.returncode])[0]))
 
 
 def _is_ours(path):
