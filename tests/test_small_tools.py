@@ -117,3 +117,36 @@ def test_tcp_env_bad_input(qmail_home):
     assert (done.returncode, done.stderr) == (111, b"tcp-env: fatal: standard input is not a socket\n")
     done = h.run(["tcp-env", "-R"], env=env)
     assert (done.returncode, done.stderr) == (100, b"tcp-env: usage: tcp-env [ -rR ] [ -t timeout ] program\n")
+
+
+def test_qreceipt_sends_qmails_notice_when_asked(qmail_home, captured):
+    env, read = captured
+    message = (b"Message-ID: <1.2@x.example>\nNotice-Requested-Upon-Delivery-To: Joe <joe@test.example>,\n"
+               b" other@test.example\nSubject: hi\n\nbody\n")
+    done = qmail_home.run(["qreceipt", "joe@test.example"], input=message, env=dict(env, SENDER="bob@x.example"))
+    assert (done.returncode, done.stderr) == (0, b"")
+    msg, envelope = read()
+    assert msg == (b"From: DELIVERY NOTICE SYSTEM <bob@x.example>\nTo: <bob@x.example>\n"
+                   b"Subject: success notice\n\n"
+                   b"Hi! This is the qreceipt program. Your message was delivered to the\n"
+                   b"following address: joe@test.example. Thanks for asking.\n"
+                   b"Your Message-ID: <1.2@x.example>\n")
+    assert envelope == b"F\0Tbob@x.example\0\0"
+
+
+def test_qreceipt_sends_nothing_unless_asked_and_refuses_bad_input(qmail_home, captured):
+    env, read = captured
+    asked = b"Notice-Requested-Upon-Delivery-To: joe@test.example\n\nbody\n"
+    for message, sender, target in ((b"Subject: x\n\nbody\n", "bob@x.example", "joe@test.example"),
+                                    (asked, "bob@x.example", "JOE@test.example"),
+                                    (asked, "", "joe@test.example"), (asked, "#@[]", "joe@test.example")):
+        done = qmail_home.run(["qreceipt", target], input=message, env=dict(env, SENDER=sender))
+        assert (done.returncode, done.stderr) == (0, b"")
+    assert not os.path.exists(os.path.join(qmail_home.path, "captured", "msg"))
+    done = qmail_home.run(["qreceipt", "joe@test.example"], env=dict(env, SENDER="bob@x.example"),
+                          input=b"Notice-Requested-Upon-Delivery-To: <joe@test.example\n\n")
+    assert (done.returncode, done.stderr) == (
+        100, b"qreceipt: fatal: unable to parse this: Notice-Requested-Upon-Delivery-To: <joe@test.example\n")
+    env.pop("SENDER", None)
+    done = qmail_home.run(["qreceipt", "joe@test.example"], input=asked, env=env)
+    assert (done.returncode, done.stderr) == (100, b"qreceipt: usage: qreceipt deliveryaddress\n")
