@@ -90,6 +90,24 @@ def control_me_default(home, name):
     return value if value is not None else name.encode()
 
 
+MINI_MARK = "control/qmqpservers"
+
+
+def mini_queue(home):
+    """HOME/bin/qmail-queue when HOME is a mini-qmail home (`qmailctl init --mini`: no
+    queue/, a control/qmqpservers), where that program is qmail-qmqpc; else None."""
+    try:
+        os.stat(os.path.join(home, "queue"))
+        return None
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    if os.path.exists(os.path.join(home, MINI_MARK)):
+        return os.path.join(home, BIN, "qmail-queue")
+    return None
+
+
 def has_queue_rights(home):
     """May this process write the queue itself? Root (qmail-queue's code then becomes
     qmailq) or the owner of HOME/queue (qmailq, or the one account of a single-user

@@ -10,7 +10,8 @@ qmail-inject, qmail-smtpd, qmail-local forwards and qmail-send bounces.
 The child gets the message pipe on fd 0, the envelope pipe on fd 1 and the
 write end of an error pipe on fd 6, and chdirs to the home (failure: exit 61).
 If $QMAILQUEUE is set it is exec'd verbatim (no PATH search, no arguments;
-exec failure: exit 120). Otherwise the child runs qmailpy.queue.qmailqueue.run()
+exec failure: exit 120); so is HOME/bin/qmail-queue, which is qmail-qmqpc, in a
+mini-qmail home (qmailpy.home.mini_queue). Otherwise the child runs qmailpy.queue.qmailqueue.run()
 itself and leaves with os._exit(): a fork, not a fresh interpreter, so queueing
 costs no Python start-up. result.pid is the child's pid, the "qp".
 
@@ -40,7 +41,7 @@ Imports are kept to os and sys: this module is loaded by every injector.
 import os
 
 from qmailpy.fileio import write_all
-from qmailpy.home import has_queue_rights
+from qmailpy.home import has_queue_rights, mini_queue
 
 _BUFFER = 65536
 # qmail-qmqpd's answer to an address holding a NUL, which qmail-queue's envelope cannot carry
@@ -128,6 +129,8 @@ def QueueClient(home, environ=None, prefer_server=False, not_before=None):
     $QMAILNOTBEFORE does, as for qmail-queue)."""
     environ = os.environ if environ is None else environ
     program = environ.get("QMAILQUEUE")
+    if program is None:
+        program = mini_queue(home)
     if program is None:
         if not has_queue_rights(home):
             return ServerSubmission(home, not_before=not_before)
