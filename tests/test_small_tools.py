@@ -150,3 +150,53 @@ def test_qreceipt_sends_nothing_unless_asked_and_refuses_bad_input(qmail_home, c
     env.pop("SENDER", None)
     done = qmail_home.run(["qreceipt", "joe@test.example"], input=asked, env=env)
     assert (done.returncode, done.stderr) == (100, b"qreceipt: usage: qreceipt deliveryaddress\n")
+
+
+def _syslog_run(tmp_path, argv, data):
+    """Run argv in a private mount namespace whose /dev/log is a datagram socket of ours; the
+    datagrams it sent there."""
+    import shutil
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not installed")
+    path = os.path.join(str(tmp_path), "log.sock")
+    if os.path.exists(path):
+        os.unlink(path)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind(path)
+        os.chmod(path, 0o666)
+        script = ('mount -t tmpfs none /dev && : > /dev/log && mount --bind "$0" /dev/log && exec "$@"')
+        done = subprocess.run(["unshare", "-rm", "sh", "-c", script, path] + argv, input=data,
+                              capture_output=True, timeout=60)
+        if done.returncode != 0 and b"unshare" in done.stderr:
+            pytest.skip("no user namespaces here: %s" % done.stderr.decode(errors="replace"))
+        assert done.returncode == 0, done.stderr
+        server.setblocking(False)
+        got = []
+        while True:
+            try:
+                got.append(server.recv(65536))
+            except BlockingIOError:
+                return got
+
+
+SYSLOG = re.compile(rb"<(\d+)>\w{3} [ \d]\d \d\d:\d\d:\d\d ([^:]+): (\d+\.\d{6})([ +])(.*)$", re.S)
+
+
+def test_splogger_sends_each_line_to_syslog_as_qmails(qmail_home, tmp_path):
+    from conftest import VENV_BIN
+    splogger = os.path.join(VENV_BIN, "splogger")
+    long_line = b"x" * 1000
+    got = _syslog_run(tmp_path, [splogger, "qmail", "3"],
+                      b"new msg 1\nalert: oh no\n\nwarning: bad\x01byte\n" + long_line + b"\nlast")
+    parsed = [SYSLOG.match(d) for d in got]
+    assert all(parsed), got
+    rows = [(int(m.group(1)), m.group(2), m.group(4), m.group(5)) for m in parsed]
+    daemon = 3 << 3
+    assert rows == [(daemon | 6, b"qmail", b" ", b"new msg 1"), (daemon | 1, b"qmail", b" ", b"alert: oh no"),
+                    (daemon | 4, b"qmail", b" ", b"warning: bad?byte"),
+                    (daemon | 6, b"qmail", b" ", b"x" * 799), (daemon | 6, b"qmail", b"+", b"x" * 201),
+                    (daemon | 6, b"qmail", b" ", b"last")]
+    assert parsed[3].group(3) == parsed[4].group(3)             # a piece keeps its line's stamp
+    assert abs(float(parsed[0].group(3)) - time.time()) < 60
+    got = _syslog_run(tmp_path, [splogger], b"hello\n")
+    assert [SYSLOG.match(d).group(1, 2) for d in got] == [(b"%d" % (2 << 3 | 6), b"splogger")]
