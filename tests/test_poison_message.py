@@ -140,3 +140,39 @@ def test_a_todo_entry_that_never_preprocesses_is_deleted_while_qmail_send_runs(q
     daemons.wait_line(r"^end msg ")
     assert daemons.stop() == 0
     assert leftovers(qmail_home) == []
+
+
+def test_a_replacement_too_large_for_a_record_is_a_queue_error_not_an_exit(tmp_path):
+    """Bounce notes beyond what qmailpy/queuelimits.py lets a message reach (a queue from
+    before the limits; qmail-send cuts each report): the REPLACEMENT that would hold them
+    fails as a full disk does, a QueueError qmail-send warns about and retries, and the
+    message keeps its last snapshot; an orderly exit still saves every other schedule."""
+    from qmailpy.backends import logrecords as R
+    from qmailpy.backends.base import QueueError
+    from qmailpy.backends.logenqueue import enqueue
+    from qmailpy.backends.logqueue import LogQueue
+    from logqueue_harness import make_queue
+    home = make_queue(tmp_path)
+    queue = os.path.join(home, "queue")
+    big = enqueue(queue, MSG, b"joe@test.example", [b"%d@far.example" % i for i in range(3)])
+    other = enqueue(queue, MSG, b"joe@test.example", [b"ann@far.example"])
+    lq = LogQueue(home, runner_lags=(0,))
+    lq.startup()
+    for n in lq.new_work():
+        lq.preprocess(n, lambda a: ("remote", a))
+    records = lq.recipients(big, "remote")
+    for record in records:
+        lq.add_bounce_note(big, b"<x>:\n" + b"y" * (R.MAX_PAYLOAD // 3) + b"\n\n")
+        lq.mark_done(big, "remote", record)
+    with pytest.raises(QueueError, match="unable to record message %d: record payload too large" % big):
+        lq.finish_channel(big, "remote")
+    assert lq.channels_left(big) == ["remote"]
+    lq.recipients(other, "remote")
+    lq.save_schedule([(big, "remote", 1), (other, "remote", 2)])   # no exception for the big one
+    lq.close()
+    warnings = []
+    again = LogQueue(home, runner_lags=(0,), log=warnings.append)
+    again.startup()                      # recovery meets the same REPLACEMENT: a warning, no exit
+    assert warnings == [b"warning: unable to record message %d: record payload too large\n" % big]
+    assert sorted(m.n for m in again.list_messages()) == sorted([big, other])
+    again.close()

@@ -336,7 +336,10 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
                 a.channels[channel][0] = int(when)
                 touched[n] = a
         for a in touched.values():
-            self._write_snapshot(a)
+            try:
+                self._write_snapshot(a)
+            except QueueError as e:       # its older snapshot stays: due at that one's time
+                self._warn(str(e))
         try:
             self.checkpoint(force=True)
         except CleanerLost:

@@ -233,7 +233,12 @@ class LogRecovery:
             for c in a.passes:
                 if c in a.channels:
                     a.channels[c][0] = min(a.channels[c][0], now)
-            self._write_snapshot(a, ended=tuple(a.passes), now=now)
+            try:
+                self._write_snapshot(a, ended=tuple(a.passes), now=now)
+            except QueueError as e:
+                # a full disk, or a snapshot too large for a record (a queue from before
+                # qmailpy/queuelimits.py): its older snapshot stays live, and qmail-send starts
+                self._warn(str(e))
         self.active = {}
 
     def checkpoint(self, force=False, now=None):
