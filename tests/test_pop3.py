@@ -203,6 +203,12 @@ def test_commands_pipelined_behind_stls_are_dropped(qmail_home, mailbox, certs):
     s = Session(mailbox)
     s.line()
     s.send(b"STLS\r\nUSER alice\r\n")
-    _starttls(s, certs)
-    assert s.cmd("PASS s3cret") == b"-ERR USER first\r\n"
+    # Read by qmail-popup with the STLS line, USER is dropped; arrived after it, it is taken
+    # for the TLS handshake, which fails: either way it never counts inside TLS.
+    try:
+        _starttls(s, certs)
+    except (ssl.SSLError, OSError):
+        assert s.close() == 1
+        return
+    assert s.cmd("PASS s3cret") in (b"-ERR USER first\r\n", b"")
     s.close()

@@ -7,10 +7,8 @@ def main(argv=None):
     from qmailpy.home import qmail_home
     home = qmail_home()
     try:
-        os.chdir(home)
-        if os.geteuid() == 0:
-            from qmailpy.smtpd import privileges
-            privileges.drop(home)
+        from qmailpy.smtpd.privileges import enter
+        enter(home)
     except Exception:
         return 111
     from qmailpy.smtpd.qmtp import serve

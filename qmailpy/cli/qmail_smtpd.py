@@ -8,10 +8,8 @@ def main(argv=None):
     from qmailpy.smtpd.session import R_CONTROLS, serve
     home = qmail_home()
     try:
-        os.chdir(home)
-        if os.geteuid() == 0:
-            from qmailpy.smtpd import privileges
-            privileges.drop(home)
+        from qmailpy.smtpd.privileges import enter
+        enter(home)
     except Exception:
         try:
             os.write(1, R_CONTROLS)

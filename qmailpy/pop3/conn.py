@@ -55,9 +55,20 @@ class Conn:
         verb, _, arg = line.partition(b" ")
         return verb.lower(), arg.lstrip(b" ")
 
-    def pending(self):
-        """Bytes the client sent after the last command line (pipelined ahead)."""
-        return self._in
+    def discard_pending(self):
+        """Forget what the client sent after the last command line (pipelined ahead)."""
+        self._in = b""
+
+    def serve(self, session, commands, unknown):
+        """qmail's commands(): each line to commands[verb](session, arg), an unknown verb
+        answered "-ERR " + unknown, a line too long "-ERR syntax error"; until Closed."""
+        while True:
+            verb, arg = self.command()
+            handler = commands.get(verb)
+            if handler is None:
+                self.err(b"syntax error" if verb is None else unknown)
+            else:
+                handler(session, arg)
 
     def put(self, data):
         self._out.append(data)

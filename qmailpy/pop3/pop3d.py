@@ -212,13 +212,7 @@ class Session:
 
     def run(self):
         self.conn.okay()
-        while True:
-            verb, arg = self.conn.command()
-            handler = self.COMMANDS.get(verb)
-            if handler is None:
-                self.conn.err(b"syntax error" if verb is None else b"unimplemented")
-            else:
-                handler(self, arg)
+        self.conn.serve(self, self.COMMANDS, b"unimplemented")
 
 
 def main(argv):

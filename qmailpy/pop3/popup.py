@@ -114,7 +114,7 @@ class Popup:
             return
         self.conn.reply(R_TLS_READY)
         # Commands pipelined behind STLS arrived in clear: they must not run inside TLS.
-        self.conn._in = b""
+        self.conn.discard_pending()
         secure = tls.handshake(context, self.conn.rfd, TIMEOUT)
         if secure is None:
             raise Closed()
@@ -167,13 +167,7 @@ class Popup:
 
     def run(self):
         self.conn.reply(b"+OK <" + self.unique + self.hostname + b">\r\n")
-        while True:
-            verb, arg = self.conn.command()
-            handler = self.COMMANDS.get(verb)
-            if handler is None:
-                self.conn.err(b"syntax error" if verb is None else b"authorization first")
-            else:
-                handler(self, arg)
+        self.conn.serve(self, self.COMMANDS, b"authorization first")
 
 
 def main(argv, environ):

@@ -36,3 +36,10 @@ def drop(home):
     os.setresgid(gid, gid, gid)
     os.setresuid(qmaild.uid, qmaild.uid, qmaild.uid)
     return True
+
+
+def enter(home):
+    """A session's start under tcpserver or systemd: into the home, then, as root, qmaild."""
+    os.chdir(home)
+    if os.geteuid() == 0:
+        drop(home)
