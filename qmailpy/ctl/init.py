@@ -25,6 +25,8 @@ HELP = "create a qmail home (queue hierarchy, control files, role accounts)"
 def add_arguments(parser, name):
     parser.add_argument("--me", metavar="HOST", help="this host's fully qualified name (default: the system's)")
     parser.add_argument("--user", metavar="NAME", help="single-user home: every role runs as NAME")
+    parser.add_argument("--mini", nargs="+", metavar="HUB",
+                        help="a mini-qmail home: no queue, qmail-queue is qmail-qmqpc to these hubs")
 
 
 def default_domain(fqdn):
@@ -78,6 +80,9 @@ def run(args):
     from qmailpy.ctl import launchers
     from qmailpy.home import qmail_home
     home = os.path.abspath(qmail_home(args.home))
+    if args.mini:
+        from qmailpy.ctl import mini
+        return mini.run(args, home, args.me or _fqdn())
     try:
         roles = choose_roles(home, args.user)
     except privs.PrivError as e:
