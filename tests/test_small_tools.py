@@ -200,3 +200,41 @@ def test_splogger_sends_each_line_to_syslog_as_qmails(qmail_home, tmp_path):
     assert abs(float(parsed[0].group(3)) - time.time()) < 60
     got = _syslog_run(tmp_path, [splogger], b"hello\n")
     assert [SYSLOG.match(d).group(1, 2) for d in got] == [(b"%d" % (2 << 3 | 6), b"splogger")]
+
+
+def _utmp_record(kind, line, user):
+    import struct
+    return struct.pack("=hxxi32s4s32s256s52x", kind, 1, line, b"", user, b"")
+
+
+def test_qbiff_writes_qmails_notice_to_the_users_biff_y_terminals(qmail_home, tmp_path):
+    import shutil
+    from conftest import VENV_BIN
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not installed")
+    dev, run = tmp_path / "dev", tmp_path / "run"
+    (dev / "pts").mkdir(parents=True)
+    run.mkdir()
+    for name, mode in (("pts/5", 0o700), ("tty2", 0o600), ("pts/6", 0o700), ("pts/7", 0o700)):
+        (dev / name).write_bytes(b"")
+        os.chmod(dev / name, mode)
+    (run / "utmp").write_bytes(_utmp_record(7, b"pts/5", b"joe") + _utmp_record(7, b"tty2", b"joe")
+                               + _utmp_record(7, b"pts/6", b"ann") + _utmp_record(8, b"pts/7", b"joe")
+                               + _utmp_record(7, b"../pts/5", b"joe"))
+    script = 'd=$0; r=$1; shift; mount --bind "$d" /dev && mount --bind "$r" /run && exec "$@"'
+    message = (b"Subject: hello\tthere\nX: y\n\nfirst line\n"
+               b"second line of a longer body that goes on and on and on\n")
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script, str(dev), str(run), os.path.join(VENV_BIN, "qbiff")],
+                          input=message, capture_output=True, timeout=60,
+                          env=dict(qmail_home.env, USER="joe", SENDER="bob@x.example", LOCAL="joe-list"))
+    if done.returncode != 0 and b"unshare" in done.stderr:
+        pytest.skip("no user namespaces here: %s" % done.stderr.decode(errors="replace"))
+    assert (done.returncode, done.stderr) == (0, b"")
+    text = b"    hello/there/first line/second line of a longer body that goes on and on an"
+    assert len(text) == 78
+    assert (dev / "pts/5").read_bytes() == b"\r\n\a*** TO <joe-list> FROM <bob@x.example>\r\n" + text + b"\r\n"
+    assert [(dev / n).read_bytes() for n in ("tty2", "pts/6", "pts/7")] == [b"", b"", b""]
+    env = dict(qmail_home.env, SENDER="bob@x.example", LOCAL="joe")
+    env.pop("USER", None)
+    done = qmail_home.run(["qbiff"], input=message, env=env)     # no USER: nothing to do, never a failure
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
