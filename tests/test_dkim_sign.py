@@ -89,6 +89,40 @@ def mail_dkim_results(data, server):
     return done.stdout.decode().split("\n")[:-1]
 
 
+OPENDKIM_VERDICT = re.compile(r"verification \(s=(\S+?),? d=(\S+?),.*\) (succeeded|failed)")
+
+
+def opendkim_results(data, server, tmp_path):
+    """[(selector, domain, 'succeeded' or 'failed')] of OpenDKIM's own verifier (`opendkim -t`,
+    its test mode) on data, which reaches dnsmasq through Unbound's stub zone for .test."""
+    binary = shutil.which("opendkim") or shutil.which("opendkim", path="/usr/sbin")
+    if binary is None:
+        pytest.skip("opendkim is not installed (bin/test installs it)")
+    unbound, conf, message = (str(tmp_path / n) for n in ("unbound.conf", "opendkim.conf", "msg"))
+    with open(unbound, "w") as f:
+        f.write('server:\n  do-not-query-localhost: no\n  module-config: "iterator"\n'
+                '  local-zone: "test." nodefault\nstub-zone:\n  name: "test"\n'
+                '  stub-addr: 127.0.0.1@%d\n' % server.port)
+    with open(conf, "w") as f:
+        f.write("Mode v\nSyslog no\nResolverConfiguration %s\n" % unbound)
+    with open(message, "wb") as f:
+        f.write(data.replace(b"\r\n", b"\n"))
+    done = subprocess.run([binary, "-x", conf, "-t", message], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    found = OPENDKIM_VERDICT.findall((done.stdout + done.stderr).decode())
+    assert found, (done.stdout, done.stderr)
+    return found
+
+
+def without_signature(data, algorithm):
+    """data without its DKIM-Signature field of that a= value."""
+    head, _, body = data.partition(b"\r\n\r\n")
+    fields = re.split(rb"\r\n(?=[^ \t])", head)
+    kept = [f for f in fields if not (f.lower().startswith(b"dkim-signature:")
+                                      and re.search(rb"a=" + algorithm + rb";", f))]
+    return b"\r\n".join(kept) + b"\r\n\r\n" + body
+
+
 def signature_tags(data):
     header = data.split(b"\r\n\r\n", 1)[0]
     fields = re.findall(rb"^DKIM-Signature:(.*?)(?=\r\n[^ \t])", header, re.M | re.S)
@@ -96,7 +130,7 @@ def signature_tags(data):
                  (t.partition(b"=") for t in f.split(b";") if t.strip())) for f in fields]
 
 
-def test_rsa_and_ed25519_signatures_verify(qmail_home):
+def test_rsa_and_ed25519_signatures_verify(qmail_home, tmp_path):
     rsa = keygen(qmail_home, "example.test", "rsa1")
     ed = keygen(qmail_home, "example.test", "ed1", "--ed25519")
     assert rsa.startswith("v=DKIM1; k=rsa; p=") and ed.startswith("v=DKIM1; k=ed25519; p=")
@@ -113,9 +147,16 @@ def test_rsa_and_ed25519_signatures_verify(qmail_home):
             assert signed.count(b"from") == 2           # From over-signed
             assert {b"to", b"subject", b"date", b"message-id"} <= set(signed)
         assert dkimpy_results(t.data, server) == [True, True]
-        # Mail::DKIM as Debian 12 has it knows no Ed25519 (RFC 8463): it checks the RSA one
+        # Mail::DKIM as Debian 12 has it knows no Ed25519 (RFC 8463): it checks the RSA one,
+        # OpenDKIM each of them alone
         results = mail_dkim_results(t.data, server)
         assert "rsa-sha256 example.test pass" in results, results
+        for algorithm, selector in ((b"rsa-sha256", "ed1"), (b"ed25519-sha256", "rsa1")):
+            alone = without_signature(t.data, algorithm)
+            assert opendkim_results(alone, server, tmp_path) == [(selector, "example.test",
+                                                                  "succeeded")]
+        tampered = without_signature(t.data, b"rsa-sha256").replace(b"spaces", b"spices")
+        assert opendkim_results(tampered, server, tmp_path) == [("ed1", "example.test", "failed")]
 
 
 def test_subdomain_line_and_message_from_a_file(qmail_home, tmp_path):
