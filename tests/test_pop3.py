@@ -2,9 +2,12 @@
 qmail-pop3d.c write (docs: man/qmail-popup.8, man/qmail-pop3d.8)."""
 import os
 import re
+import shutil
+import socket
 import ssl
 import subprocess
 
+import psutil
 import pytest
 
 from pop3_helpers import AS_ROOT, Mailbox, Session
@@ -140,7 +143,7 @@ def test_a_client_that_disconnects_mid_retr_loses_nothing(mailbox):
     assert s.cmd("DELE 1") == b"+OK \r\n"
     s.send(b"RETR 3\r\n")
     assert s.line() == b"+OK \r\n"
-    s.sock.setsockopt(__import__("socket").SOL_SOCKET, __import__("socket").SO_LINGER,
+    s.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                       b"\1\0\0\0\0\0\0\0")      # a reset, as a client that crashed
     s.close()
     assert mailbox.names("new") == ["1000.1.test", "2000.2.test", "3000.3.test"]
@@ -212,3 +215,29 @@ def test_commands_pipelined_behind_stls_are_dropped(qmail_home, mailbox, certs):
         return
     assert s.cmd("PASS s3cret") in (b"-ERR USER first\r\n", b"")
     s.close()
+
+
+@pytest.mark.skipif(shutil.which("tcpserver") is None, reason="tcpserver is not installed (ucspi-tcp)")
+def test_under_tcpserver_as_qmail_documents_it(mailbox):
+    proc = subprocess.Popen(["tcpserver", "-v", "-RHl0", "127.0.0.1", "0", "qmail-popup", "test.example",
+                             mailbox.checkpw, "qmail-pop3d", "Maildir"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=mailbox.env(), start_new_session=True)
+    try:
+        assert proc.stderr.readline() == b"tcpserver: status: 0/40\n"     # bound and listening
+        (port,) = [c.laddr.port for c in psutil.Process(proc.pid).net_connections("tcp")
+                   if c.status == psutil.CONN_LISTEN]
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            f = sock.makefile("rb")
+            assert re.fullmatch(rb"\+OK <\d+\.\d+@test\.example>\r\n", f.readline())
+            for line, reply in ((b"USER alice", b"+OK \r\n"), (b"PASS s3cret", b"+OK \r\n"),
+                                (b"STAT", b"+OK 2 %d\r\n" % (len(FIRST) + len(SECOND))),
+                                (b"DELE 1", b"+OK \r\n"), (b"QUIT", b"+OK \r\n")):
+                sock.sendall(line + b"\r\n")
+                assert f.readline() == reply
+            assert f.read() == b""
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        proc.stderr.close()
+    assert mailbox.names("new") == [] and mailbox.names("cur") == ["2000.2.test:2,"]
