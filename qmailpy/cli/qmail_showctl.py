@@ -63,6 +63,7 @@ def qmailpy_files():
          "SMTP AUTH passwords are checked by ", ""),
         ("lst", "concurrencydomains", "No per-domain concurrency limits.", "Concurrency limit: ", ""),
         ("lst", "delaydomains", "No per-domain delivery delays.", "Delivery delay: ", ""),
+        ("lst", "dnsbl", "No DNSBL zones are consulted.", "DNSBL zone: ", ""),
         ("lst", "dkimkeys", "No DKIM keys; outgoing mail is not signed.", "DKIM key: ", ""),
         ("lst", DNS_CONTROL, "DNS servers are those of /etc/resolv.conf.", "DNS server: ", "."),
         ("int", "localdatabytes", "0", "Local users' message size limit is ", " bytes (0: none)"),
@@ -101,14 +102,18 @@ class Reader:
     def __init__(self, home):
         self.home = home
 
-    def line(self, name):
-        """(1, first line) / (0, None) absent / (-1, None) unreadable."""
-        from qmailpy.home import ControlError, control_value
+    def _read(self, read, name):
+        """(1, value) / (0, None) absent / (-1, None) unreadable."""
+        from qmailpy.home import ControlError
         try:
-            value = control_value(self.home, name)
+            value = read(self.home, name)
         except ControlError:
             return -1, None
         return (0, None) if value is None else (1, value)
+
+    def line(self, name):
+        from qmailpy.home import control_value
+        return self._read(control_value, name)
 
     def number(self, name):
         """qmail's control_readint: the leading digits; none (or no file) is the default."""
@@ -121,12 +126,8 @@ class Reader:
         return 1, min(int(value[:digits]), 2 ** 31 - 1)     # a C int: larger values wrap, qmail shows 0
 
     def lines(self, name):
-        from qmailpy.home import ControlError, control_list
-        try:
-            value = control_list(self.home, name)
-        except ControlError:
-            return -1, None
-        return (0, None) if value is None else (1, value)
+        from qmailpy.home import control_list
+        return self._read(control_list, name)
 
 
 def show(out, reader, entry, me):
