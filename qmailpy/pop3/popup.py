@@ -15,6 +15,7 @@ USER, PASS and APOP from a client that is not on a loopback address
 ($TCPREMOTEIP) are refused until STLS.
 """
 import os
+import signal
 import time
 
 from qmailpy.pop3.conn import TIMEOUT, Closed, Conn
@@ -141,7 +142,8 @@ class Popup:
             os.set_inheritable(3, True)
         try:
             pid = os.posix_spawnp(self.childargs[0], self.childargs, self.environ,
-                                  file_actions=[(os.POSIX_SPAWN_CLOSE, w)])
+                                  file_actions=[(os.POSIX_SPAWN_CLOSE, w)],
+                                  setsigdef=(signal.SIGPIPE,))     # as qmail's sig_pipedefault()
         except OSError:
             pid = None
         os.close(3)
