@@ -299,3 +299,19 @@ def test_dkimpy_imported_only_to_sign(qmail_home):
     unsigned = imported(MESSAGE.replace(b"joe@example.test", b"joe@other.test"))
     assert not {"dkim", "nacl.signing"} & unsigned
     assert "dkim" in imported(MESSAGE)
+
+
+@pytest.mark.parametrize("from_file", [False, True], ids=["pipe", "file"])
+def test_from_after_64k_of_header_still_signed(qmail_home, tmp_path, from_file):
+    """qmail-remote looks at the first 64 kB for SMTPUTF8; a From: past them is still found."""
+    rsa = keygen(qmail_home, "example.test", "rsa1")
+    filler = b"".join(b"X-Filler-%d: %s\n" % (i, b"x" * 60) for i in range(1200))
+    message = b"To: ann@x.test\n" + filler + MESSAGE.replace(b"To: ann@x.test\n", b"")
+    with dnsmasq_for([("rsa1._domainkey.example.test", rsa)]) as server:
+        records, [t] = deliver(qmail_home, message,
+                               stdin_file=str(tmp_path / "mess") if from_file else None)
+        assert records[-1].startswith(b"K127.0.0.1 accepted message."), records
+        assert t.data.startswith(b"DKIM-Signature:")
+        assert t.data.endswith(message.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+                               .replace(b"\n", b"\r\n"))
+        assert dkimpy_results(t.data, server) == [True]

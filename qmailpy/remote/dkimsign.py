@@ -124,10 +124,20 @@ def sign(data, chosen):
 def prefix(table, fd, message):
     """What goes on the wire before the rest of fd (message.prefix's new value) once the
     message is signed for every key its From: domains have in table: the signatures, and
-    when fd cannot seek (a pipe) the whole message read from it."""
-    from qmailpy.remote.smtputf8 import header_end
-    data = read_all(fd, message)
-    end = header_end(data)
-    chosen = signers(table, data if end is None else data[:end])
-    fields = sign(data, chosen) if chosen else b""
+    when fd cannot seek (a pipe) the whole message read from it. A message with no key
+    is not read beyond its header."""
+    from qmailpy.remote.smtputf8 import HEADER_SCAN, header_end, read_header
+    # from a pipe, read_message() kept what it read up to the header's end
+    start = message.prefix if message.prefix else read_header(fd)[0]
+    data = None
+    if header_end(start) is None and len(start) >= HEADER_SCAN:
+        data = read_all(fd, message)    # a header longer than that: its From may come late
+        start = data
+    end = header_end(start)
+    chosen = signers(table, start if end is None else start[:end])
+    if not chosen:
+        return message.prefix if data is None else data if message.prefix else b""
+    if data is None:
+        data = read_all(fd, message)
+    fields = sign(data, chosen)
     return fields + data if message.prefix else fields

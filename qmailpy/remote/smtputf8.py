@@ -80,9 +80,10 @@ def classify(header):
     return Message(flagged, max(header, default=0) >= 0x80)
 
 
-def read_message(fd):
-    """Message for the message on fd, which is left at its start: read with pread when fd
-    can seek, else read and kept in .prefix for the body. Raises OSError."""
+def read_header(fd):
+    """(the message's first bytes on fd up to its header's end or HEADER_SCAN, seekable):
+    with pread when fd can seek (it is left at the message's start), else read from it.
+    Raises OSError."""
     try:
         start = os.lseek(fd, 0, os.SEEK_CUR)
     except OSError as e:
@@ -98,8 +99,20 @@ def read_message(fd):
         if not chunk:
             break
         data += chunk
+    return data, start is not None
+
+
+def header_of(data):
+    """The header in read_header()'s bytes (all of them up to HEADER_SCAN when it has no end)."""
     end = header_end(data)
-    message = classify(data[:HEADER_SCAN] if end is None else data[:end])
-    if start is None:
+    return data[:HEADER_SCAN] if end is None else data[:end]
+
+
+def read_message(fd):
+    """Message for the message on fd, which is left at its start: read with pread when fd
+    can seek, else read and kept in .prefix for the body. Raises OSError."""
+    data, seekable = read_header(fd)
+    message = classify(header_of(data))
+    if not seekable:
         message.prefix = data
     return message
