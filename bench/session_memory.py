@@ -10,7 +10,9 @@ size is not refused) with qmail-qmqpd and qmail-smtpd-listen freshly started:
           worker's and the queueing worker's VmHWM (peak RSS, /proc/PID/status);
   local   the same size written by a client through qmailpy.queue.client's
           ServerSubmission (what sendmail and qmail-inject use without queue rights)
-          to run/qmqp.sock; the client's and the queueing worker's peak RSS.
+          to run/qmqp.sock; the client's and the queueing worker's peak RSS;
+  sendmail  (as root only) the same size piped to sendmail run as uid 61040, which has
+          no queue rights and so goes through the socket; its peak RSS.
 Prints one line per size and path, with the seconds it took.
 """
 import argparse
@@ -125,6 +127,21 @@ def run(megabytes, path):
             smtp(int(found.group(1)), megabytes)
             client = peak_of_children(listener.pid)
             who = "session worker"
+        elif path == "sendmail":
+            message = os.path.join(base, "message")
+            with open(message, "wb") as f:
+                f.write(b"Subject: large\n\n")
+                for _ in range(megabytes):
+                    f.write(BLOCK.replace(b"\r\n", b"\n"))
+            os.chmod(message, 0o644)
+            with open(message, "rb") as f:
+                t0 = time.perf_counter()
+                done = subprocess.run(["setpriv", "--reuid=61040", "--regid=61040", "--clear-groups",
+                                       "/usr/bin/time", "-f", "%M", os.path.join(BIN, "sendmail"),
+                                       "-f", "a@bench.example", "b@bench.example"],
+                                      env=env, stdin=f, stderr=subprocess.PIPE, check=True)
+            client = int(done.stderr.split()[-1]) // 1024
+            who = "sendmail"
         else:
             out = subprocess.run([sys.executable, "-c", LOCAL_CLIENT, home, str(megabytes)],
                                  env=env, check=True, stdout=subprocess.PIPE).stdout
@@ -132,7 +149,7 @@ def run(megabytes, path):
             who = "local client"
         seconds = time.perf_counter() - t0
         server = peak_of_children(qmqpd.pid)
-        print("%-5s %4d MB: %s peak RSS %4d MB, queue server worker %4d MB, %.1f s"
+        print("%-8s %4d MB: %s peak RSS %4d MB, queue server worker %4d MB, %.1f s"
               % (path, megabytes, who, client, server, seconds))
     finally:
         for proc in (listener, qmqpd):
@@ -147,7 +164,7 @@ def main():
     parser.add_argument("-s", default="10,200", help="message sizes in MB (default 10,200)")
     args = parser.parse_args()
     for megabytes in (int(s) for s in args.s.split(",")):
-        for path in ("smtp", "local"):
+        for path in ("smtp", "local") + (("sendmail",) if os.geteuid() == 0 else ()):
             run(megabytes, path)
 
 
