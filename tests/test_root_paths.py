@@ -221,3 +221,25 @@ def test_queue_command_refuses_a_fifo_for_the_send_lock(qmail_home):
         pytest.fail("root's qmailctl queue hung on a FIFO at lock/sendmutex")
     assert done.returncode == 111
     assert b"sendmutex: a named pipe, not a regular file: refused" in done.stderr, done.stderr
+
+
+def test_log_writer_refuses_a_log_directory_swapped_for_a_symlink(qmail_home, victim, monkeypatch):
+    # qmailctl start runs the log writer as root; in a single-user home the user owns the
+    # directory above log/ and can put a symlink to a directory of its own in log/'s place
+    from qmailpy.ctl import logwriter
+    own = os.path.join(qmail_home.path, "own")
+    proc = as_attacker(qmail_home, "import os, sys; os.mkdir(sys.argv[1]); "
+                       "os.symlink(sys.argv[2], os.path.join(sys.argv[1], 'qmail-send.log'))", own, victim)
+    assert proc.wait(timeout=30) == 0
+    proc.stdout.close()
+    plant_symlink(qmail_home, "log", own)
+
+    class Retried(Exception):
+        pass
+
+    def pause(seconds):
+        raise Retried()             # the writer waits to try again, as on a full disk
+    monkeypatch.setattr(logwriter.time, "sleep", pause)
+    with pytest.raises(Retried):
+        logwriter.RotatingLog(os.path.join(qmail_home.path, "log", "qmail-send.log"))
+    assert unchanged(victim)

@@ -128,17 +128,20 @@ def main(argv=None):
         except privs.PrivError as e:
             _say("fatal: QMQP over TCP is queued as qmaild: %s" % e)
             return 111
-        rules = Rules(os.path.join(home, "control", "qmqpclients"))
-        error = rules.refresh()
-        if error is not None:
-            _say("fatal: %s" % error)
-            return 111
     try:
         privs.become(home, "qmailq", roles)
         os.chdir(home)
     except (OSError, privs.PrivError) as e:
         _say("fatal: unable to become qmailq: %s" % e)
         return 111
+    if tcp is not None:
+        # read as qmailq, as every later refresh is: in a single-user home control/ is
+        # the user's, and root would follow a symlink or wait on a FIFO planted there
+        rules = Rules(os.path.join(home, "control", "qmqpclients"))
+        error = rules.refresh()
+        if error is not None:
+            _say("fatal: %s" % error)
+            return 111
     if local is None:
         # bound as qmailq, in qmailq's run/: root never chmods a name there, which qmailq
         # could have swapped for a symlink to any file (docs/security.md "qmail-qmqpd's socket")

@@ -20,6 +20,8 @@ import calendar
 import os
 import time
 
+from qmailpy import nofollow
+
 LOG_MODE = 0o640
 PAUSE = 1               # seconds between attempts while writing fails (multilog's pause)
 SIZE_CONTROL = "logsize"
@@ -53,16 +55,20 @@ def _stamp_time(rotated):
 
 def log_set(logdir, name):
     """Paths of NAME.log's rotated files, oldest first, then NAME.log itself if present."""
-    stem = name[:-len(".log")] if name.endswith(".log") else name
-    prefix = stem + ".@"
     try:
-        names = os.listdir(logdir)
+        return [os.path.join(logdir, n) for n in _log_names(os.listdir(logdir), name)]
     except FileNotFoundError:
         return []
+
+
+def _log_names(names, name):
+    """log_set's names, from the directory's names."""
+    stem = name[:-len(".log")] if name.endswith(".log") else name
+    prefix = stem + ".@"
     found = sorted(n for n in names if n.startswith(prefix) and n.endswith(".log"))
     if name in names:
         found.append(name)
-    return [os.path.join(logdir, n) for n in found]
+    return found
 
 
 def read_number(path, default, minimum):
@@ -92,13 +98,22 @@ def persist(operation):
 
 
 class RotatingLog:
+    """The log file and its rotations, all reached through the log directory's
+    descriptor: `qmailctl start` runs the writer as root, and in a single-user home
+    the directory above log/ is the user's (docs/security.md "Root and other accounts'
+    directories"). A symlink, FIFO or linked file in the log's place is refused
+    (qmailpy.nofollow) and, like a full disk, tried again every PAUSE seconds."""
+
     def __init__(self, path, size=DEFAULT_SIZE, count=DEFAULT_COUNT):
         self.path, self.size, self.count = path, size, count
         self.logdir, self.name = os.path.split(path)
+        parent, base = os.path.split(os.path.abspath(self.logdir))
+        self.dfd = persist(lambda: nofollow.open_path(parent, base))
         self._open()
 
     def _open(self):
-        self.fd = persist(lambda: os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, LOG_MODE))
+        self.fd = persist(lambda: nofollow.open_file(self.name, self.dfd, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                                                     mode=LOG_MODE))
         st = os.fstat(self.fd)
         if st.st_uid == os.geteuid() and st.st_mode & 0o777 != LOG_MODE:
             os.fchmod(self.fd, LOG_MODE)     # an older, world-readable log
@@ -128,24 +143,25 @@ class RotatingLog:
     def rotate(self):
         persist(lambda: os.fsync(self.fd))
         os.close(self.fd)
-        rotated = log_set(self.logdir, self.name)[:-1]
+        rotated = _log_names(os.listdir(self.dfd), self.name)[:-1]
         newest = os.path.basename(rotated[-1]) if rotated else ""
         t = time.time()
         # never onto an existing name (two rotations in one microsecond), never
         # sorting before an older file (a clock stepped back)
         while rotated_name(self.name, t) <= newest:
             t = max(t + 1e-6, _stamp_time(newest))
-        target = os.path.join(self.logdir, rotated_name(self.name, t))
-        persist(lambda: os.rename(self.path, target))
+        target = rotated_name(self.name, t)
+        persist(lambda: os.rename(self.name, target, src_dir_fd=self.dfd, dst_dir_fd=self.dfd))
         self._open()
-        for old in log_set(self.logdir, self.name)[:-1][:-self.count]:
+        for old in _log_names(os.listdir(self.dfd), self.name)[:-1][:-self.count]:
             try:
-                os.unlink(old)
+                os.unlink(old, dir_fd=self.dfd)
             except FileNotFoundError:
                 pass
 
     def close(self):
         os.close(self.fd)
+        os.close(self.dfd)
 
 
 class LiveLimits:
@@ -176,8 +192,10 @@ class LiveLimits:
 
 def write_log(path, infd=0, size=DEFAULT_SIZE, count=DEFAULT_COUNT, control=None):
     """Copy lines from infd to path (rotating), each prefixed with an ISO-8601 UTC timestamp."""
-    out = RotatingLog(path, size, count)
     live = LiveLimits(control) if control else None
+    if live:                        # the files as they are now, not as when the caller read them
+        size, count = limits(os.path.dirname(control))
+    out = RotatingLog(path, size, count)
     pending = b""
     while True:
         try:
