@@ -29,8 +29,8 @@ ANSWER_CODES = {b"K": OK, b"Z": TEMPORARY, b"D": PERMANENT}
 def parse_server(line):
     """(family, address, port) for a qmqpservers line, or None for one that is not an
     IP address (qmail skips those)."""
-    import ipaddress
-    import socket
+    # the C module: `import socket` and ipaddress cost a null client's every message
+    import _socket
     text = line.decode("ascii", "replace").strip()
     port = PORT
     if text.startswith("["):
@@ -46,14 +46,15 @@ def parse_server(line):
         port = int(digits)
     else:
         host = text
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return None
     if not 0 < port < 65536:
         return None
-    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-    return family, str(ip), port
+    for family in (_socket.AF_INET, _socket.AF_INET6):
+        try:
+            _socket.inet_pton(family, host)
+        except (OSError, ValueError):
+            continue
+        return family, host, port
+    return None
 
 
 def _read_all_to(spool, fd):
@@ -72,14 +73,14 @@ class Ended(Exception):
 def _send(server, head, spool, tail):
     """(exit code, None) from the hub's answer, or (None, 72 or 73) when no connection
     could be made; Ended(74) when one was made and then failed."""
-    import socket
+    import _socket
     family, host, port = server
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = _socket.socket(family, _socket.SOCK_STREAM)
     try:
         sock.settimeout(CONNECT_TIMEOUT)
         try:
             sock.connect((host, port))
-        except socket.timeout:
+        except TimeoutError:
             return None, CONNECT_TIMED_OUT
         except OSError:
             return None, CONNECT_REFUSED
