@@ -45,14 +45,14 @@ def _open_unnamed(directory):
             continue
         os.unlink(name)
         return fd
-    raise FileExistsError("no free spool file name in %s" % directory)
+    raise FileExistsError(17, "no free spool file name")
 
 
 class Spool:
     """Message bytes written in pieces, then read back in order; .size, .error (an OSError or None)."""
 
-    def __init__(self, directory=None):
-        self.directory = directory
+    def __init__(self):
+        self.directory = spool_dir()
         self.memory = bytearray()
         self.fd = None
         self.size = 0
@@ -72,11 +72,11 @@ class Spool:
         from qmailpy.fileio import write_all
         try:
             if self.fd is None:
-                self.fd = _open_unnamed(self.directory or spool_dir())
+                self.fd = _open_unnamed(self.directory)
             write_all(self.fd, self.memory)
         except OSError as e:
             self.error = SpoolError(e.errno, "unable to spool the message in %s: %s"
-                                    % (self.directory or spool_dir(), e.strerror))
+                                    % (self.directory, e.strerror))
         self.memory.clear()
 
     def pieces(self):
