@@ -31,9 +31,9 @@ def test_predate_passes_on_the_childs_exit_code_and_reports_failures(qmail_home)
     assert h.run(["predate", "sh", "-c", "cat >/dev/null; exit 7"], input=b"x\n").returncode == 7
     done = h.run(["predate", "sh", "-c", "kill -9 $$"], input=b"x\n")
     assert (done.returncode, done.stderr) == (111, b"predate: fatal: child crashed\n")
-    done = h.run(["predate", "no-such-program-here"], input=b"x\n")
+    done = h.run(["predate", "/nonexistent/program"], input=b"x\n")
     assert (done.returncode, done.stderr) == (
-        111, b"predate: fatal: unable to run no-such-program-here: file does not exist\n")
+        111, b"predate: fatal: unable to run /nonexistent/program: file does not exist\n")
     done = h.run(["predate"])
     assert (done.returncode, done.stderr) == (100, b"predate: usage: predate child\n")
 
