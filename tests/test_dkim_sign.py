@@ -315,3 +315,15 @@ def test_from_after_64k_of_header_still_signed(qmail_home, tmp_path, from_file):
         assert t.data.endswith(message.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
                                .replace(b"\n", b"\r\n"))
         assert dkimpy_results(t.data, server) == [True]
+
+
+def test_keygen_never_appends_to_a_linked_dkimkeys(qmail_home):
+    """control/ may belong to the home's single user while root runs qmailctl: a dkimkeys
+    that is a hard link to some other file is refused, that file left as it was."""
+    victim = qmail_home.control("victim", "a.test:s:k\n")        # parses as dkimkeys
+    before = b"a.test:s:k\n"
+    os.link(victim, os.path.join(qmail_home.path, "control", "dkimkeys"))
+    done = qmail_home.run(["qmailctl", "dkim", "keygen", "example.test", "s1", "--ed25519"])
+    assert done.returncode == 111 and b"control/dkimkeys is not a plain file" in done.stderr
+    with open(victim, "rb") as f:
+        assert f.read() == before

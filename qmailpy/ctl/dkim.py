@@ -138,9 +138,21 @@ def keygen(home, domain, selector, ed25519):
 
 
 def _append_line(home, line):
-    path = os.path.join(home, "control", dkimkeys.CONTROL)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    """Append line to control/dkimkeys: by descriptors, refusing a link or another account's
+    file (control/ may belong to the single user of a home while root runs this)."""
+    import stat
+    control = os.open(os.path.join(home, "control"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
+        fd = os.open(dkimkeys.CONTROL, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644,
+                     dir_fd=control)
+        owners = (0, os.geteuid(), os.fstat(control).st_uid)
+    finally:
+        os.close(control)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid not in owners:
+            raise OSError("control/%s is not a plain file of this home's accounts: not changed"
+                          % dkimkeys.CONTROL)
         end = b""
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
