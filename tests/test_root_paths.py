@@ -243,3 +243,12 @@ def test_log_writer_refuses_a_log_directory_swapped_for_a_symlink(qmail_home, vi
     with pytest.raises(Retried):
         logwriter.RotatingLog(os.path.join(qmail_home.path, "log", "qmail-send.log"))
     assert unchanged(victim)
+
+
+def test_init_rerun_writes_no_launcher_through_a_symlink(qmail_home, victim):
+    # bin/ is the user's in a single-user home: root wrote bin/NAME.tmp by name, then chowned it
+    plant_symlink(qmail_home, "bin/qmail-send.tmp", victim)
+    done = rerun_init(qmail_home)
+    assert unchanged(victim), os.lstat(victim)
+    assert done.returncode == 0, done.stderr
+    assert not os.path.lexists(os.path.join(qmail_home.path, "bin", "qmail-send.tmp"))

@@ -125,23 +125,30 @@ def write(home, uid=None, gid=None, python=None):
         raise LauncherError("the interpreter's path is too long for a #! line: %s" % python)
     wanted = programs()
     paths = package_paths()
-    bindir = os.path.join(home, BIN)
-    os.makedirs(bindir, 0o755, exist_ok=True)
-    if uid is not None:
-        os.chown(bindir, uid, gid)
-    os.chmod(bindir, 0o755)
-    for name, (module, function) in sorted(wanted.items()):
-        path = os.path.join(bindir, name)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(launcher_text(python, paths, module, function, site=name in WITH_SITE))
+    # through descriptors: in a single-user home bin/ is the user's, and root must not
+    # write or chown through a name planted there (docs/security.md)
+    from qmailpy import nofollow
+    hfd = nofollow.open_path(home, "")
+    try:
+        try:
+            os.mkdir(BIN, 0o755, dir_fd=hfd)
+        except FileExistsError:
+            pass
+        bfd = nofollow.open_dir(BIN, hfd)
+    finally:
+        os.close(hfd)
+    try:
         if uid is not None:
-            os.chown(tmp, uid, gid)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
-    for name in os.listdir(bindir):
-        if name not in wanted and _is_ours(os.path.join(bindir, name)):
-            os.unlink(os.path.join(bindir, name))
+            os.fchown(bfd, uid, gid)
+        os.fchmod(bfd, 0o755)
+        for name, (module, function) in sorted(wanted.items()):
+            _write_launcher(bfd, name, launcher_text(python, paths, module, function,
+                                                     site=name in WITH_SITE), uid, gid)
+        for name in os.listdir(bfd):
+            if name not in wanted and _is_ours(bfd, name):
+                os.unlink(name, dir_fd=bfd)
+    finally:
+        os.close(bfd)
     link_man(home)
     return sorted(wanted)
 
@@ -212,10 +219,32 @@ def check_runnable(roles, python=None):
                 % (name, python, (error or ["exit %d" % done.returncode])[0]))
 
 
-def _is_ours(path):
+def _write_launcher(bfd, name, text, uid, gid):
+    """bin/NAME, written as a fresh NAME.tmp and renamed, all through bin/'s descriptor."""
+    from qmailpy.fileio import write_all
+    tmp = name + ".tmp"
     try:
-        with open(path, "rb") as f:
-            lines = f.read(4096).split(b"\n")
+        os.unlink(tmp, dir_fd=bfd)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o755,
+                 dir_fd=bfd)
+    try:
+        write_all(fd, text.encode())
+        if uid is not None:
+            os.fchown(fd, uid, gid)
+        os.fchmod(fd, 0o755)
+    finally:
+        os.close(fd)
+    os.replace(tmp, name, src_dir_fd=bfd, dst_dir_fd=bfd)
+
+
+def _is_ours(bfd, name):
+    from qmailpy import nofollow
+    try:
+        fd = nofollow.open_file(name, bfd)
     except OSError:
         return False
+    with os.fdopen(fd, "rb") as f:
+        lines = f.read(4096).split(b"\n")
     return len(lines) > 1 and lines[1].startswith(MARK.encode())
