@@ -90,6 +90,9 @@ def test_man_finds_the_pages_with_home_bin_on_path(venv, home):
     env.pop("MANPATH", None)
     done = subprocess.run(["man", "-w", "8", "qmail-send"], env=env, capture_output=True, timeout=60)
     assert done.stdout.decode().strip() == os.path.join(path, "man", "man8", "qmail-send.8"), done.stderr
+    for section, page in (("7", "qmail"), ("5", "qmail-control"), ("1", "maildir2mbox")):  # qmail's manual
+        done = subprocess.run(["man", "-w", section, page], env=env, capture_output=True, timeout=60)
+        assert done.stdout.decode().strip() == os.path.join(path, "man", "man" + section, page + "." + section)
 
 
 def test_a_launcher_starts_without_site_and_imports_the_installed_package(venv, home):
