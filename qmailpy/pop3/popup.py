@@ -1,4 +1,5 @@
-"""qmail-popup HOST subprogram...: the POP3 authorization state (qmail-popup(8)).
+"""qmail-popup HOST subprogram...: the POP3 authorization state (qmail-popup(8);
+docs/protocols.md "checkpassword").
 
 The greeting is +OK <PID.TIME@HOST>. USER and PASS (or APOP name digest) run the
 subprogram, a checkpassword program, with the connection on fds 0, 1 and 2 and

@@ -1,4 +1,4 @@
-"""qmail-qmtpd: QMTP (https://cr.yp.to/proto/qmtp.html) on fds 0/1, as qmail's (qmail-qmtpd(8)).
+"""qmail-qmtpd: QMTP on fds 0/1, as qmail's (qmail-qmtpd(8); docs/protocols.md "QMTP").
 
 Each request is three netstrings: the message (its first byte \\n for LF line ends,
 \\r for CRLF, which become LF), the sender, and a netstring of recipient
