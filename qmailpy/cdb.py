@@ -63,8 +63,8 @@ class CDB:
         return bool(self.get_all(key))
 
 
-def build(path, items):
-    """Write (key, value) pairs as a cdb at path: path.tmp, fsync, rename."""
+def pack(items):
+    """The bytes of a cdb holding the (key, value) pairs."""
     records = bytearray(b"\0" * 2048)
     tables = [[] for _ in range(256)]
     for key, value in items:
@@ -84,9 +84,14 @@ def build(path, items):
         for h, pos in table:
             records += _PAIR.pack(h, pos)
     records[0:2048] = header
+    return bytes(records)
+
+
+def build(path, items):
+    """Write (key, value) pairs as a cdb at path: path.tmp, fsync, rename."""
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
-        f.write(records)
+        f.write(pack(items))
         f.flush()
         os.fsync(f.fileno())
     os.rename(tmp, path)

@@ -294,3 +294,28 @@ def test_showctl_knows_every_control_file_the_docs_name():
         documented.update(re.findall(r"`([^`]+)`", row))
     known = set(RCPTHOSTS_NAMES) | {e[1] for e in QMAIL_FILES + qmailpy_files() if len(e) > 1}
     assert documented - known == set()
+
+
+def test_tools_refuse_symlinks_where_another_account_could_plant_them(qmail_home, tmp_path):
+    """Root runs these in directories the home's other accounts own (a single-user home's
+    control/ and queue/lock/ are its user's): a planted symlink is refused, its target untouched."""
+    h = qmail_home
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"\xc0\x00\x02\x07\x05" + b"s" * 1019)       # would read as 192.0.2.7, 5 timeouts
+    control = os.path.join(h.path, "control")
+    os.symlink(secret, os.path.join(control, "morercpthosts"))
+    done = h.run(["qmail-newmrh"])
+    assert done.returncode == 111 and b"a symbolic link: refused" in done.stderr
+    os.unlink(os.path.join(control, "morercpthosts"))
+    h.control("morercpthosts", "a.example\n")
+    os.symlink(secret, os.path.join(control, "morercpthosts.cdb.tmp"))   # a planted temporary name
+    assert h.run(["qmail-newmrh"]).returncode == 0
+    assert not os.path.islink(os.path.join(control, "morercpthosts.cdb"))
+    v4 = _tables(h)[0]
+    os.unlink(v4)
+    os.symlink(secret, v4)
+    done = h.run(["qmail-tcpto"])
+    assert done.returncode == 111 and b"a symbolic link: refused" in done.stdout and b"192.0.2.7" not in done.stdout
+    done = h.run(["qmail-tcpok"])
+    assert done.returncode == 111 and b"a symbolic link: refused" in done.stderr
+    assert secret.read_bytes()[:5] == b"\xc0\x00\x02\x07\x05"

@@ -168,14 +168,21 @@ class AccessError(Exception):
         self.stage, self.error = stage, error
 
 
-def listed(path, layout=IPV4):
+def _open(name, dir_fd, flags):
+    """name in the directory dir_fd, never through a symlink, a FIFO or a linked file: root
+    runs qmail-tcpto and qmail-tcpok in queue/lock, which another account owns."""
+    from qmailpy import nofollow
+    return nofollow.open_file(name, dir_fd, flags)
+
+
+def listed(name, dir_fd, layout=IPV4):
     """[(address bytes, count, time of the last timeout)] of the records with a count of 1 or
     more, read under the lock as qmail-tcpto does."""
     fds = []
     try:
         stage = "open"
-        fds.append(os.open(path, os.O_WRONLY))
-        fds.append(os.open(path, os.O_RDONLY))
+        fds.append(_open(name, dir_fd, os.O_WRONLY))
+        fds.append(_open(name, dir_fd, os.O_RDONLY))
         stage = "lock"
         fcntl.flock(fds[0], fcntl.LOCK_EX)
         stage = "read"
@@ -193,21 +200,19 @@ def listed(path, layout=IPV4):
     return found
 
 
-def clear(path, layout=IPV4):
+def clear(name, dir_fd, layout=IPV4):
     """Overwrite the table with NULs under the lock (qmail-tcpok), reporting failures."""
     stage = "open"
     try:
-        fd = os.open(path, os.O_WRONLY)
+        fd = _open(name, dir_fd, os.O_WRONLY)
     except OSError as e:
         raise AccessError(stage, e) from e
     try:
         stage = "lock"
         fcntl.flock(fd, fcntl.LOCK_EX)
         stage = "clear"
-        zeros = bytes(layout.size)
-        done = 0
-        while done < len(zeros):
-            done += os.write(fd, zeros[done:])
+        from qmailpy.fileio import write_all
+        write_all(fd, bytes(layout.size))
     except OSError as e:
         raise AccessError(stage, e) from e
     finally:
