@@ -241,3 +241,11 @@ def test_under_tcpserver_as_qmail_documents_it(mailbox):
         proc.wait(30)
         proc.stderr.close()
     assert mailbox.names("new") == [] and mailbox.names("cur") == ["2000.2.test:2,"]
+
+
+def test_unreadable_controls_are_answered_before_the_greeting(qmail_home, mailbox):
+    os.mkdir(os.path.join(qmail_home.path, "control", "pop3requiretls"))
+    s = Session(mailbox)
+    assert s.line() == b"-ERR unable to read controls\r\n"
+    assert s.line() == b""
+    assert s.close() == 1

@@ -1,6 +1,7 @@
 """qmail-qmtpd on a real TCP connection (as tcpserver runs it): per-recipient K/Z/D
 netstrings with qmail-qmtpd.c's texts, qmail-smtpd's rcpthosts/RELAYCLIENT rules,
 databytes, and malformed requests ending the session with nothing queued."""
+import os
 import re
 import socket
 import subprocess
@@ -128,4 +129,12 @@ def test_a_malformed_or_truncated_request_queues_nothing(home, data, code):
     q = Qmtp(home)
     q.sock.sendall(data)
     assert q.finish() == (code, b"")
+    assert leftovers(home) == []
+
+
+def test_unreadable_controls_end_the_session_with_111(home):
+    os.unlink(os.path.join(home.path, "control", "rcpthosts"))
+    os.mkdir(os.path.join(home.path, "control", "rcpthosts"))
+    q = Qmtp(home)          # it reads its controls before the first request
+    assert q.finish() == (111, b"")
     assert leftovers(home) == []
