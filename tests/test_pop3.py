@@ -6,6 +6,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import time
 
 import psutil
 import pytest
@@ -26,6 +27,11 @@ def mailbox(qmail_home):
 
 
 def test_the_full_command_set_answers_as_qmail(mailbox):
+    for name, age in (("stale", 36 * 3600 + 60), ("fresh", 60)):     # maildir_clean's 36 hours
+        path = os.path.join(mailbox.maildir, "tmp", name)
+        open(path, "wb").close()
+        os.utime(path, (time.time() - age, time.time() - age))
+        mailbox.chown(path)
     s = Session(mailbox)
     greeting = s.line()
     assert re.fullmatch(rb"\+OK <%d\.\d+@test\.example>\r\n" % s.proc.pid, greeting)
@@ -77,6 +83,7 @@ def test_the_full_command_set_answers_as_qmail(mailbox):
     assert s.close() == 1           # qmail-popup's exit status, whatever happened
     assert mailbox.names("new") == []
     assert mailbox.names("cur") == ["1000.1.test:2,"]
+    assert mailbox.names("tmp") == ["fresh"]
 
 
 def test_a_wrong_password_ends_the_session_and_changes_nothing(mailbox):
