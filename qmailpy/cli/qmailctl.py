@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "queue": "queuecmd",
     "snapshot": "snapshot",
     "convert": "convert",
+    "services": "services",
     "dkim": "dkim",
 }
 

@@ -115,8 +115,13 @@ DAEMONS = (QMQPD, SEND, SMTPD, SUBMISSION)
 
 
 def _names_program(cmdline, program):
-    """[python, script], [python, -IS, script] (HOME/bin's launchers) or [script]."""
-    return any(os.path.basename(part) == program for part in cmdline[:3])
+    """True for a Python running program: [python, script] (pip's scripts) or [python, -IS,
+    script] (HOME/bin's launchers). Not for another program that names it, such as
+    daemontools' `supervise qmail-send`."""
+    if not cmdline or not os.path.basename(cmdline[0]).startswith("python"):
+        return False
+    script = next((part for part in cmdline[1:3] if not part.startswith("-")), "")
+    return os.path.basename(script) == program
 
 
 def _is(proc, daemon, home, unreadable_env_ok):
