@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -101,4 +102,19 @@ def test_the_hubs_permanent_refusal_and_bad_envelopes(client, hub):
     assert run_qmqpc(env) == 31
     assert run_qmqpc(env, envelope=b"Xa\0\0") == 91
     assert run_qmqpc(env, envelope=b"Fa@b\0Tu@c\0") == 54
+    assert queued(hub.home) == []
+
+
+def test_a_hub_that_never_answers_the_connection_times_out_in_10_seconds(client, hub):
+    env, servers = client
+    black_hole = socket.create_server(("127.0.0.1", 0), backlog=0)
+    waiting = socket.create_connection(black_hole.getsockname())    # fills the accept queue
+    try:
+        servers("127.0.0.1:%d" % dead_port(), "127.0.0.1:%d" % black_hole.getsockname()[1])
+        started = time.monotonic()
+        assert run_qmqpc(env) == 72        # the last hub tried timed out
+        assert 9 <= time.monotonic() - started < 30
+    finally:
+        waiting.close()
+        black_hole.close()
     assert queued(hub.home) == []
