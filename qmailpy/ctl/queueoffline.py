@@ -65,19 +65,16 @@ def run(args):
         return None                              # queueact says what is wrong
     home = qmail_home(args.home)
     try:
-        numbers = queueact.select_numbers(home, wanted)
-    except (OSError, ValueError):
-        return None                              # queueact says it, and what else is wrong
-    if not numbers:
-        return None
-    try:
-        answers = delete(home, numbers)
+        answers = delete(home, lambda: queueact.select_numbers(home, wanted))
     except OSError as e:
         print("qmailctl queue delete: qmail-send is not running, and deleting without it "
               "failed: %s; some of the messages may be deleted: list the queue" % e, file=sys.stderr)
         return queueact.EXIT_TEMP
     if answers is None:
         return None
+    if not answers:
+        print("qmailctl queue delete: no message matches", file=sys.stderr)
+        return queueact.EXIT_NOT_DONE
     status = 0
     for n, result, text in answers:
         if result == command.DONE:
@@ -88,10 +85,11 @@ def run(args):
     return status
 
 
-def delete(home, numbers):
-    """[(n, result, text)] for each number (command.DONE or NONE, as qmail-send answers),
-    or None when a qmail-send holds the mutex. OSError when the work could not be done
-    (its text says why; some of the messages may be deleted by then).
+def delete(home, select):
+    """[(n, result, text)] for each number select() gives (called once the mutex is held,
+    so the filters read the queue qmail-send will find): command.DONE or NONE, as
+    qmail-send answers; None when a qmail-send holds the mutex. OSError when the work
+    could not be done (its text says why; some of the messages may be deleted by then).
 
     The work runs in a child process with qmail-send's account (and qmail-clean its
     own), so that root never works by path in the queue's directories; the answers
@@ -102,7 +100,7 @@ def delete(home, numbers):
         code = 111
         try:
             os.close(out_r)
-            code = _work(home, numbers, out_w)
+            code = _work(home, select, out_w)
         except BaseException as e:                # said to the parent, which reports it
             try:
                 os.write(out_w, b"! " + str(e).encode("utf-8", "replace")[:400] + b"\n")
@@ -122,7 +120,7 @@ def delete(home, numbers):
     return list(command.decode_reply(data))
 
 
-def _work(home, numbers, out_fd):
+def _work(home, select, out_fd):
     """In the child: qmail-clean, then qmail-send's account, the mutex, the deletes."""
     from qmailpy import privs
     from qmailpy.backends import open_backend
@@ -134,6 +132,9 @@ def _work(home, numbers, out_fd):
         mutex = lock_send(os.path.join(home, "queue"))
         if mutex is None:
             return EXIT_SEND_RUNNING
+        numbers = select()
+        if not numbers:
+            return 0
         cleaner = CleanClient(req_w, rep_r)
         backend = open_backend(home, cleaner=cleaner, log=lambda line: None)
         try:
