@@ -327,3 +327,37 @@ def test_keygen_never_appends_to_a_linked_dkimkeys(qmail_home):
     assert done.returncode == 111 and b"control/dkimkeys is not a plain file" in done.stderr
     with open(victim, "rb") as f:
         assert f.read() == before
+
+
+@pytest.mark.parametrize("form", ["rsa pkcs1", "rsa pkcs8", "ed25519 pkcs8", "ed25519 dknewkey"])
+def test_key_file_forms(tmp_path, form):
+    """Every key form dkimkeys names signs verifiably: PKCS#1 (older opendkim-genkey),
+    PKCS#8 (openssl 3, qmailctl dkim keygen) and dkimpy's own base64 Ed25519 seed."""
+    import base64
+
+    import dkim
+
+    from qmailpy import dkimkeys
+    from qmailpy.ctl import dkim as keygen_module
+    from qmailpy.remote import dkimsign
+    if form.startswith("rsa"):
+        private, public = keygen_module.rsa_key()
+        if form == "rsa pkcs1":
+            private = subprocess.run(["openssl", "rsa", "-traditional"], input=private,
+                                     capture_output=True, check=True).stdout
+            assert private.startswith(b"-----BEGIN RSA PRIVATE KEY-----")
+        record = b"v=DKIM1; k=rsa; p=" + base64.b64encode(public)
+    else:
+        private, public = keygen_module.ed25519_key()
+        if form == "ed25519 dknewkey":
+            private = base64.b64encode(base64.b64decode(b"".join(private.split(b"\n")[1:-2]))[-32:])
+        record = b"v=DKIM1; k=ed25519; p=" + base64.b64encode(public)
+    path = tmp_path / "key"
+    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, private)
+    os.close(fd)
+    entry = dkimkeys.Entry(b"example.test", b"s", os.fsencode(str(path)))
+    wire = MESSAGE.replace(b"\r\n", b"\n").replace(b"\r", b"\n")      # as smtp.py sends it
+    signed = dkimsign.sign(MESSAGE, [entry]) + wire
+    assert dkim.verify(signed, dnsfunc=lambda name, timeout=5: record)
+    assert not dkim.verify(signed.replace(b"signed", b"changed"), dnsfunc=lambda name, timeout=5: record)
