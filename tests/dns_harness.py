@@ -58,6 +58,7 @@ class Dnsmasq:
         self._wait_ready()
 
     def _wait_ready(self):
+        import dns.exception
         import dns.message
         import dns.query
         deadline = time.monotonic() + WAIT
