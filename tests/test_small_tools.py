@@ -238,3 +238,28 @@ def test_qbiff_writes_qmails_notice_to_the_users_biff_y_terminals(qmail_home, tm
     env.pop("USER", None)
     done = qmail_home.run(["qbiff"], input=message, env=env)     # no USER: nothing to do, never a failure
     assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+
+
+def test_tcp_env_asks_the_clients_ident_service(monkeypatch):
+    """The RFC 1413 exchange itself, against an ident server on a free port (113 needs root)."""
+    import threading
+    from qmailpy.cli import tcp_env
+    asked = []
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        monkeypatch.setattr(tcp_env, "IDENT_PORT", server.getsockname()[1])
+
+        def answer(replies):
+            for reply in replies:
+                conn, _ = server.accept()
+                with conn:
+                    asked.append(conn.recv(100))
+                    conn.sendall(reply)
+        t = threading.Thread(target=answer, args=([b"6193, 23 : USERID : UNIX : stjohns\r\n",
+                                                   b"6195, 23 : ERROR : NO-USER\r\n"],))
+        t.start()
+        assert tcp_env.ident(("127.0.0.1", 23), ("127.0.0.1", 6193), 5) == "stjohns"
+        assert tcp_env.ident(("127.0.0.1", 23), ("127.0.0.1", 6195), 5) is None
+        t.join(10)
+    assert asked == [b"6193 , 23\r\n", b"6195 , 23\r\n"]

@@ -15,6 +15,7 @@ import sys
 
 FATAL = "tcp-env: fatal: "
 USAGE = "tcp-env: usage: tcp-env [ -rR ] [ -t timeout ] program\n"
+IDENT_PORT = 113
 NAMED = ("TCPLOCALHOST", "TCPREMOTEHOST", "TCPREMOTEINFO",
          "TCP6REMOTEIP", "TCP6REMOTEPORT", "TCP6LOCALIP", "TCP6LOCALPORT")
 
@@ -39,7 +40,7 @@ def ident(local, remote, timeout):
         with socket.socket(family, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
             s.bind((local[0], 0))
-            s.connect((remote[0], 113))
+            s.connect((remote[0], IDENT_PORT))
             s.sendall(b"%d , %d\r\n" % (remote[1], local[1]))
             reply = b""
             while b"\n" not in reply and len(reply) < 1000:
