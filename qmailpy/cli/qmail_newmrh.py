@@ -57,11 +57,8 @@ def main(argv=None):
         sys.stderr.write("usage: qmail-newmrh [--home DIR]\n")
         return 100
     from qmailpy import cdb, nofollow
+    from qmailpy.cli.qmail_tcpto import why
     from qmailpy.home import qmail_home
-    from qmailpy.local.errors import error_str
-
-    def why(e):
-        return str(e) if isinstance(e, nofollow.Refused) else error_str(e).decode()
     home = qmail_home(argv[1] if argv else None)
     os.umask(0o033)
     try:

@@ -18,6 +18,8 @@ def lines(records, now):
 
 
 def why(error):
+    """The reason to print for an OSError: qmail's text for its errno, or what nofollow refused
+    (shared by qmail-tcpok and qmail-newmrh)."""
     from qmailpy import nofollow
     from qmailpy.local.errors import error_str
     return str(error) if isinstance(error, nofollow.Refused) else error_str(error).decode()
