@@ -9,7 +9,6 @@ import re
 import struct
 import time
 
-import pytest
 
 from test_smtpd_support import SmtpdProcess
 
