@@ -43,9 +43,21 @@ def find(home, daemon):
     return daemons.find(os.path.abspath(home.path), daemon)
 
 
-def test_supervised_daemons_come_back_after_kill_9(qmail_home, tmp_path):
+@pytest.fixture
+def service_dir():
+    """A directory of our own: pytest sessions running side by side prune each other's
+    tmp_path, and supervise must find its directory until svc -x."""
+    import pathlib
+    import tempfile
+    base = tempfile.mkdtemp(prefix="qmailpy-services-")
+    try:
+        yield pathlib.Path(base) / "service"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_supervised_daemons_come_back_after_kill_9(qmail_home, service_dir):
     port = free_port()
-    service_dir = tmp_path / "service"
     done = ctl(qmail_home, "services", "--dir", str(service_dir), "--smtp", "127.0.0.1:%d" % port)
     assert done.returncode == 0, done.stderr.decode()
     assert sorted(os.listdir(service_dir)) == ["qmail-qmqpd", "qmail-send", "qmail-smtpd"]

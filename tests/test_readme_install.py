@@ -17,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -88,7 +89,7 @@ def namespace_script(commands, upper):
     return "\n".join(lines) + "\n"
 
 
-def test_the_readme_server_section_as_written(tmp_path):
+def test_the_readme_server_section_as_written():
     if os.geteuid() != 0:
         pytest.skip("the README's server section runs as root")
     if shutil.which("unshare") is None or shutil.which("useradd") is None:
@@ -99,12 +100,17 @@ def test_the_readme_server_section_as_written(tmp_path):
         pytest.skip("no private mount namespace here: %s" % probe.stderr.decode().strip())
     commands = readme_commands()
     assert any(c.startswith("python3 -m venv %s" % VENV) for c in commands), commands
-    script = tmp_path / "readme.sh"
-    script.write_text(namespace_script(commands, str(tmp_path / "overlay")))
-    done = subprocess.run(["unshare", "-m", "bash", str(script)], capture_output=True, timeout=600,
-                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"})
+    # a directory of our own: pytest sessions running side by side prune each other's tmp_path
+    base = tempfile.mkdtemp(prefix="qmailpy-readme-")
+    try:
+        script = os.path.join(base, "readme.sh")
+        with open(script, "w") as f:
+            f.write(namespace_script(commands, os.path.join(base, "overlay")))
+        done = subprocess.run(["unshare", "-m", "bash", script], capture_output=True, timeout=600,
+                              env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"})
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     out = (done.stdout + done.stderr).decode(errors="replace")
     assert done.returncode == 0 and "INSTALLED-AND-DELIVERED" in out, out[-6000:]
     assert "systemd-analyze verify" in out                  # it ran, and said nothing
-    print(out)
     assert not os.path.exists("/var/qmail") and not os.path.exists(VENV)
