@@ -15,7 +15,7 @@ import os
 import select
 import time
 
-from qmailpy.home import ControlError
+from qmailpy.home import ControlError, control_value
 from qmailpy.queuelimits import EnvelopeBudget
 from qmailpy.smtpd.address import (MAX_ADDRESS, addrparse, badmailfrom, localiphost_rewrite,
                                    rcpt_allowed, size_parameter, smtputf8_parameter)
@@ -97,6 +97,7 @@ class Session:
         self.hold_until = None      # MAIL FROM's HOLDFOR/HOLDUNTIL, epoch seconds
         self.authenticated = None   # the user name after a successful AUTH
         self.dnsbl = None           # (reply, log text) while the client is listed (smtpd/dnsbl.py)
+        self.milters = None         # qmailpy.milter.filters.Milters with control/milters
         self.auth_failures = 0
         self._checkpassword = None
         self._in_poll = select.poll()       # one per direction for the whole session
@@ -207,6 +208,7 @@ class Session:
             if self.cfg.session_deadline:
                 self.until = time.monotonic() + self.cfg.session_deadline
             self.dnsbl = _dnsbl(self.home, self.cfg)
+            self.milters = _milters(self.home, self.cfg, self.environ)
             self.out += b"220 " + self.cfg.greeting + b" ESMTP\r\n"
             while True:
                 line = self.readline()
@@ -242,6 +244,9 @@ class Session:
             if verb.lower() not in ALLOWED:
                 self.out += self.dnsbl[0]
                 return
+        if self.milters is not None and self.milters.refusal and verb.lower() != b"quit":
+            self.out += self.milters.refusal
+            return
         handler = _COMMANDS.get(verb.lower(), Session.unimplemented)
         handler(self, arg)
 
@@ -254,13 +259,24 @@ class Session:
     def dohelo(self, arg):
         self.fakehelo = None if arg.lower() == self.cfg.remotehost.lower() else arg
 
+    def milter_refuses(self, step, *args):
+        """A milter's reply to this step (queued for the client), or None to go on."""
+        reply = getattr(self.milters, step)(*args) if self.milters is not None else None
+        if reply is not None:
+            self.out += reply
+        return reply is not None
+
     def helo(self, arg):
+        if self.milter_refuses("helo", arg):
+            return
         self.greet(b"250 ")
         self.out += b"\r\n"
         self.seenmail = False
         self.dohelo(arg)
 
     def ehlo(self, arg):
+        if self.milter_refuses("helo", arg):
+            return
         self.greet(b"250-")
         size = b"250-SIZE %d\r\n" % self.cfg.databytes if self.cfg.databytes else b"250-SIZE\r\n"
         self.out += b"\r\n250-PIPELINING\r\n" + size
@@ -410,6 +426,8 @@ class Session:
         raise _End(0)
 
     def rset(self, arg):
+        if self.milters is not None:
+            self.milters.abort()
         self.seenmail = False
         self.smtputf8 = False
         self.out += R_FLUSHED
@@ -467,6 +485,9 @@ class Session:
                 self.rcpt = []
                 self.out += e.reply
                 return
+        if self.milter_refuses("mail", addr, rest, self.authenticated):
+            self.seenmail = False
+            return
         self.hold_until = hold_until
         self.flagbarf = badmailfrom(addr, self.cfg.badmailfrom)
         self.smtputf8 = smtputf8_parameter(rest)
@@ -500,6 +521,8 @@ class Session:
         if not self.rcpt_budget.admit(len(addr)):
             self.out += R_MAXRCPT              # control/maxrcpt or the queue's envelope bound
             return
+        if self.milter_refuses("rcpt", addr):
+            return
         self.rcpt.append(addr)
         self.out += R_OK
 
@@ -511,13 +534,18 @@ class Session:
             self.out += R_RCPT_FIRST
             return
         self.seenmail = False
-        try:
-            from qmailpy.queue.client import QueueClient
-            qq = QueueClient(self.home, self.environ, prefer_server=True,
-                             not_before=self.hold_until)
-        except OSError:
-            self.out += R_QQT
+        if self.milter_refuses("data"):
+            self.milters.abort()
             return
+        if self.milters is not None:
+            from qmailpy.queue.spool import Spool
+            qq = Spool()                # the milters see it before the queue does
+        else:
+            try:
+                qq = self.queue_client()
+            except OSError:
+                self.out += R_QQT
+                return
         cfg = self.cfg
         self.out += R_GO_AHEAD
         session_until = self.until
@@ -537,26 +565,50 @@ class Session:
                         break
                 self.fill()
         except StrayNewline:
-            qq.abort()
+            _give_up(qq, self.milters)
             raise _End(1, R_SMTPLF)
         except BaseException:
-            qq.abort()
+            _give_up(qq, self.milters)
             raise
         self.until = session_until
         if reader.hops >= MAX_HOPS:
-            qq.abort()
+            _give_up(qq, self.milters)
             self.out += R_HOPS
             return
         if reader.overflow:
-            qq.abort()
+            _give_up(qq, self.milters)
             self.out += R_SIZE
             return
-        result = qq.finish(self.mailfrom, self.rcpt)
         self.smtputf8 = False
+        if self.milters is not None:
+            try:
+                self.out += self.milters.end_of_data(qq, self.mailfrom, self.rcpt, self.queue)
+            finally:
+                qq.close()
+            return
+        self.out += self.queued(qq.finish(self.mailfrom, self.rcpt))
+
+    def queue_client(self):
+        from qmailpy.queue.client import QueueClient
+        return QueueClient(self.home, self.environ, prefer_server=True, not_before=self.hold_until)
+
+    def queue(self, write, sender, recipients):
+        """The reply to queueing what write(sink) puts out (the milters' path)."""
+        try:
+            qq = self.queue_client()
+        except OSError:
+            return R_QQT
+        try:
+            write(qq.write)
+        except BaseException:
+            qq.abort()
+            raise
+        return self.queued(qq.finish(sender, recipients))
+
+    def queued(self, result):
         if result.ok:
-            self.out += b"250 ok %d qp %d\r\n" % (int(time.time()), result.pid)
-        else:
-            self.out += (b"554 " if result.permanent else b"451 ") + result.text + b"\r\n"
+            return b"250 ok %d qp %d\r\n" % (int(time.time()), result.pid)
+        return (b"554 " if result.permanent else b"451 ") + result.text + b"\r\n"
 
 
     def protocol(self):
@@ -587,6 +639,36 @@ def _dnsbl(home, cfg):
     return listed
 
 
+def _give_up(qq, milters):
+    """A message that will not be queued: its queue client or spool, and the milters' view."""
+    if milters is None:
+        qq.abort()
+    else:
+        qq.close()
+        milters.abort()
+
+
+def _milters(home, cfg, environ):
+    """The session's milters from control/milters, connected and told of the client, or None."""
+    from qmailpy.milter import config
+    try:
+        specs = config.read(home)
+    except ControlError:
+        raise _End(1, R_CONTROLS) from None
+    if not specs:
+        return None
+    from qmailpy.milter.filters import Milters
+    me = control_value(home, "me") or b"unknown"
+
+    def env(name):
+        return os.fsencode(environ.get(name, "")) or b"unknown"
+    milters = Milters(specs, {"me": me, "remoteip": cfg.remoteip, "remotehost": cfg.remotehost,
+                              "remoteport": env("TCPREMOTEPORT"), "localip": env("TCPLOCALIP"),
+                              "localport": env("TCPLOCALPORT")}, log)
+    milters.connect()
+    return milters
+
+
 def log(line):
     try:
         os.write(2, b"qmail-smtpd: " + line + b"\n")
@@ -615,3 +697,5 @@ def serve(home, environ=None, in_fd=0, out_fd=1):
                 session.tls.close()
             except OSError:
                 pass
+        if session.milters is not None:
+            session.milters.close()
