@@ -168,7 +168,7 @@ def create_hierarchy(home, entries=None, owners=None, set_owners=False):
     old = os.umask(0)
     dirs = {}
     try:
-        dirs["."] = os.open(home, nofollow.DIR_FLAGS)
+        dirs["."] = nofollow.open_home(home)
         for entry in entries:
             for rel in entry.paths():
                 try:

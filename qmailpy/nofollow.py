@@ -53,17 +53,38 @@ def open_dir(name, parent_fd=None):
         return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
 
 
+def open_home(home):
+    """A descriptor of the directory home. As root, home and every directory above it
+    are opened from / by open_dir: whoever owns the directory above a single-user home
+    could otherwise swap the home for a symlink to /etc, which root's init then chowns
+    to them. Another account is held back by its own rights and opens home as given."""
+    if os.geteuid() != 0:
+        return os.open(home, DIR_FLAGS)
+    return _walk(os.open("/", DIR_FLAGS), os.path.abspath(home), named="/")
+
+
 def open_path(home, rel):
-    """A descriptor of the directory home/rel: home as given (the caller trusts it),
-    each component of rel by open_dir."""
-    fd = os.open(home, DIR_FLAGS)
+    """A descriptor of the directory home/rel: home by open_home, each component of
+    rel by open_dir."""
+    return _walk(open_home(home), rel)
+
+
+def _walk(fd, rel, named=None):
+    """The directory rel below the open directory fd (which it takes over), each
+    component by open_dir; with named (fd's path), a refusal names the whole path."""
     try:
         for part in rel.split(os.sep):
             if part in ("", "."):
                 continue
             if part == "..":
                 raise Refused(rel, "'..' in the path")
-            child = open_dir(part, fd)
+            try:
+                child = open_dir(part, fd)
+            except Refused as e:
+                if named is None:
+                    raise
+                raise Refused(os.path.join(named, part), e.why) from None
+            named = named and os.path.join(named, part)
             os.close(fd)
             fd = child
     except BaseException:
@@ -76,9 +97,10 @@ def open_file(name, dir_fd, flags=os.O_RDONLY, kind=stat.S_IFREG, mode=0o600):
     """os.open of name in dir_fd without following a symlink or waiting on a FIFO;
     what it opened must be of kind (S_IFREG: a regular file with one link, S_IFIFO:
     a named pipe), else Refused. O_NONBLOCK stays set on a FIFO and is cleared on
-    a regular file."""
+    a regular file. O_TRUNC truncates only after the checks: open(2) would cut a
+    hard-linked file before fstat could refuse it."""
     try:
-        fd = os.open(name, flags | FILE_FLAGS, mode, dir_fd=dir_fd)
+        fd = os.open(name, (flags & ~os.O_TRUNC) | FILE_FLAGS, mode, dir_fd=dir_fd)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise Refused(name, "a symbolic link") from None
@@ -94,6 +116,8 @@ def open_file(name, dir_fd, flags=os.O_RDONLY, kind=stat.S_IFREG, mode=0o600):
             if st.st_nlink != 1:
                 raise Refused(name, "a file with %d links" % st.st_nlink)
             os.set_blocking(fd, True)
+            if flags & os.O_TRUNC:
+                os.ftruncate(fd, 0)
     except BaseException:
         os.close(fd)
         raise

@@ -5,17 +5,23 @@ happens. qmail-send holds the read end open non-blocking and reopens it before
 every todo scan (on Linux the read end stays readable at EOF until reopened).
 """
 import os
+import stat
 
 TRIGGER = "lock/trigger"
 
 
 def pull(queue_dir):
-    """Wake qmail-send, if one is listening. Never blocks, never raises."""
+    """Wake qmail-send, if one is listening. Never blocks, never raises. Writes only
+    into a named pipe reached without a symlink: root's qmailctl pulls it, and lock/
+    is qmailq's, who could put a link to /etc/passwd there (docs/security.md)."""
     try:
-        fd = os.open(os.path.join(queue_dir, TRIGGER), os.O_WRONLY | os.O_NONBLOCK)
+        fd = os.open(os.path.join(queue_dir, TRIGGER),
+                     os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
         os.write(fd, b"\0")
     except OSError:
         pass

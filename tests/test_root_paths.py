@@ -252,3 +252,89 @@ def test_init_rerun_writes_no_launcher_through_a_symlink(qmail_home, victim):
     assert unchanged(victim), os.lstat(victim)
     assert done.returncode == 0, done.stderr
     assert not os.path.lexists(os.path.join(qmail_home.path, "bin", "qmail-send.tmp"))
+
+
+SWAP_HOME = "import os, sys; os.rename(sys.argv[1], sys.argv[1] + '.real'); os.symlink(sys.argv[2], sys.argv[1])"
+
+
+def test_init_rerun_refuses_a_home_swapped_for_a_symlink(qmail_home, tmp_path):
+    # ~/qmail: the user owns the directory above a single-user home and can put a symlink
+    # in the home's place; root's init opened it and chowned the target (layout's ".") to the user
+    base = os.path.dirname(qmail_home.path)
+    os.chown(base, qmail_home.uid, qmail_home.gid)
+    target = tmp_path / "rootdir"       # pytest's base keeps nobody out: only links lead here
+    target.mkdir(mode=0o700)
+    proc = as_attacker(qmail_home, SWAP_HOME, qmail_home.path, str(target))
+    assert proc.wait(timeout=30) == 0
+    proc.stdout.close()
+    done = rerun_init(qmail_home)
+    st = os.lstat(target)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode), os.listdir(target)) == (0, 0o700, [])
+    assert done.returncode == 1, done.stderr
+    assert (qmail_home.path + ": a symbolic link: refused").encode() in done.stderr, done.stderr
+
+
+def test_a_home_reached_through_roots_own_symlink_still_works(qmail_home, tmp_path):
+    # an administrator's /var/qmail -> /big/qmail: made by root, in a directory only root writes
+    link = tmp_path / "qmail"
+    os.symlink(qmail_home.path, link)
+    done = qmail_home.run(["qmailctl", "init", "--home", str(link), "--user", qmail_home.user],
+                          env=qmail_home.env)
+    assert done.returncode == 0, done.stderr
+
+
+HOLD_SEND_LOCK = r"""
+import fcntl, os, sys
+queue, victim = sys.argv[1:]
+lock = os.open(os.path.join(queue, "lock", "sendmutex"), os.O_RDWR)
+fcntl.flock(lock, fcntl.LOCK_EX)
+trigger = os.path.join(queue, "lock", "trigger")
+os.unlink(trigger)
+os.symlink(victim, trigger)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_queue_command_pulls_no_trigger_through_a_symlink(qmail_home, victim):
+    # root's qmailctl queue wrote the trigger's NUL byte over the first byte of the linked file
+    attacker = as_attacker(qmail_home, HOLD_SEND_LOCK, qmail_home.queue, victim)
+    try:
+        expect_line(attacker, "ready")
+        done = qmail_home.run(["qmailctl", "queue", "hold", "--timeout", "0.5", "12345"], timeout=30)
+    finally:
+        attacker.kill()
+        attacker.wait(timeout=30)
+        attacker.stdout.close()
+    assert unchanged(victim), open(victim, "rb").read()
+    assert done.returncode == 111 and b"did not take the command" in done.stderr, done.stderr
+
+
+def test_service_log_limits_read_without_waiting_on_a_fifo(qmail_home, tmp_path):
+    # qmailctl services and start (root) read control/logsize; a FIFO there hung them for ever
+    logsize = os.path.join(qmail_home.path, "control", "logsize")
+    proc = as_attacker(qmail_home, "import os, sys; os.mkfifo(sys.argv[1])", logsize)
+    assert proc.wait(timeout=30) == 0
+    proc.stdout.close()
+    try:
+        done = qmail_home.run(["qmailctl", "services", "--home", qmail_home.path, "--dir", str(tmp_path / "sv")],
+                              env=qmail_home.env, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("root's qmailctl services hung on a FIFO at control/logsize")
+    assert done.returncode == 0, done.stderr
+    from qmailpy.ctl.logwriter import DEFAULT_SIZE
+    with open(tmp_path / "sv" / "qmail-send" / "log" / "run") as f:
+        assert " %d " % DEFAULT_SIZE in f.read()
+
+
+def test_open_file_truncates_only_after_refusing_a_hard_link(qmail_home, victim):
+    # O_TRUNC in open(2) would cut the linked file before fstat could see its two links
+    from qmailpy import nofollow
+    os.link(victim, os.path.join(qmail_home.path, "control", "linked"))
+    dfd = nofollow.open_path(qmail_home.path, "control")
+    try:
+        with pytest.raises(nofollow.Refused, match="a file with 2 links"):
+            nofollow.open_file("linked", dfd, os.O_WRONLY | os.O_TRUNC)
+    finally:
+        os.close(dfd)
+    assert unchanged(victim)

@@ -69,7 +69,7 @@ def _make_run_dir(home, rel, uid, gid):
     """run/ for a home made before it existed: made by root in the home (root's own
     directory), then given to qmailq through its descriptor."""
     from qmailpy import nofollow
-    hfd = os.open(home, nofollow.DIR_FLAGS)
+    hfd = nofollow.open_home(home)
     try:
         try:
             os.mkdir(rel, 0o755, dir_fd=hfd)

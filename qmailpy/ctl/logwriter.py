@@ -71,10 +71,15 @@ def _log_names(names, name):
     return found
 
 
-def read_number(path, default, minimum):
-    """The decimal number on the first line of a control file; default when absent or bad."""
+def read_number(name, dir_fd, default, minimum):
+    """The decimal number on the first line of control file name in dir_fd; default
+    when absent, bad, or not a regular file (nofollow.open_file: no FIFO waited on)."""
     try:
-        with open(path, "rb") as f:
+        fd = nofollow.open_file(name, dir_fd)
+    except OSError:
+        return default
+    try:
+        with os.fdopen(fd, "rb") as f:
             value = int(f.read(64).split(b"\n", 1)[0].strip())
     except (OSError, ValueError):
         return default
@@ -82,10 +87,18 @@ def read_number(path, default, minimum):
 
 
 def limits(home):
-    """(size, count) from HOME/control/logsize and HOME/control/logcount."""
-    control = os.path.join(home, "control")
-    return (read_number(os.path.join(control, SIZE_CONTROL), DEFAULT_SIZE, MIN_SIZE),
-            read_number(os.path.join(control, COUNT_CONTROL), DEFAULT_COUNT, 1))
+    """(size, count) from HOME/control/logsize and HOME/control/logcount, read through
+    control/'s descriptor: qmailctl start reads them as root, and a single-user home's
+    control/ is its user's, who could put a FIFO (root waited for ever) or a symlink there."""
+    try:
+        dfd = nofollow.open_path(home, "control")
+    except OSError:
+        return DEFAULT_SIZE, DEFAULT_COUNT
+    try:
+        return (read_number(SIZE_CONTROL, dfd, DEFAULT_SIZE, MIN_SIZE),
+                read_number(COUNT_CONTROL, dfd, DEFAULT_COUNT, 1))
+    finally:
+        os.close(dfd)
 
 
 def persist(operation):
