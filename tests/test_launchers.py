@@ -197,3 +197,24 @@ def test_init_refuses_a_python_the_accounts_cannot_run(venv, tmp_path):
                           os.path.join(venv, "bin", "python")), err
     assert "python3 -m venv /opt/qmailpy" in err
     assert not os.path.exists(path)
+
+
+def test_check_flags_launchers_the_accounts_cannot_run(venv, home):
+    """As root: a home whose launchers name an interpreter some account cannot run
+    (written before that became so) fails qmailctl check, naming the account."""
+    if not AS_ROOT:
+        pytest.skip("needs root: the check runs the interpreter as the home's accounts")
+    path, env = home
+    qmailctl = os.path.join(path, "bin", "qmailctl")
+    assert subprocess.run([qmailctl, "check", "--home", path], env=env, capture_output=True,
+                          timeout=60).returncode == 0
+    base = os.path.dirname(venv)
+    os.chmod(base, 0o700)
+    try:
+        done = subprocess.run([qmailctl, "check", "--home", path], env=env, capture_output=True, timeout=60)
+    finally:
+        os.chmod(base, 0o755)
+    out = done.stdout.decode()
+    assert done.returncode == 1, out
+    assert re.search(r"^the account nobody cannot run %s with qmailpy \(" % re.escape(os.path.join(venv, "bin", "python")),
+                     out, re.M), out

@@ -43,7 +43,26 @@ def problems_of(home, check_owners=True):
         problems.append("control/me: missing (every program needs this host's name)")
     if check_owners:
         problems += trusted_file_problems(home, roles)
+    if os.geteuid() == 0:
+        problems += launcher_problems(home, roles)
     return problems
+
+
+def launcher_problems(home, roles):
+    """Run as root: every account of the home can run the interpreter of HOME/bin's
+    launchers with qmailpy (an install under /root gives daemons that cannot start)."""
+    from qmailpy import privs
+    from qmailpy.ctl import launchers
+    written = launchers.written_by(home)
+    if written is None:             # no launchers of ours: nothing of ours to run
+        return []
+    try:
+        launchers.check_runnable(roles, *written)
+    except launchers.LauncherError as e:
+        return [str(e)]
+    except privs.PrivError:
+        return []                   # a role without its account: role_problems says so
+    return []
 
 
 # Files every program trusts: whoever may write one of them may make qmail deliver

@@ -188,15 +188,33 @@ def link_man(home):
     return target
 
 
-def check_runnable(roles, python=None):
+def written_by(home, program="qmail-send"):
+    """(python, paths) of the launcher HOME/bin/program that init wrote, or None when
+    there is none (a home laid out by qmail itself, or not initialized yet)."""
+    import ast
+    from qmailpy.home import BIN
+    try:
+        with open(os.path.join(home, BIN, program)) as f:
+            text = f.read(65536)
+    except (OSError, UnicodeDecodeError):
+        return None
+    shebang = re.match(r"#!(\S+) -IS\n", text)
+    extend = re.search(r"^sys\.path\.extend\((.*)\)$", text, re.M)
+    if MARK not in text or not shebang or not extend:
+        return None
+    return shebang.group(1), ast.literal_eval(extend.group(1))
+
+
+def check_runnable(roles, python=None, paths=None):
     """Raises LauncherError naming the first account of roles (control/roles' table) that
-    cannot start python -IS and import qmailpy from the launchers' paths, and what to do."""
+    cannot start python -IS and import qmailpy from the launchers' paths (by default this
+    interpreter's), and what to do."""
     import subprocess
     from qmailpy import privs
     python = python or sys.executable
     accounts = [(privs.uid_of_name(roles[role]), privs.gid_of_name(roles[privs.ROLE_GROUP.get(role, "qmail")]))
                 for role in privs.USER_ROLES]
-    paths = package_paths()
+    paths = package_paths() if paths is None else paths
     probe = "import sys; sys.path.extend(%r); %s" % (paths, RUNNABLE_PROBE)
     for uid, gid in sorted(set(accounts)):
         try:
