@@ -17,10 +17,12 @@ log backend through its QueueBackend.list_messages()), and
 from_notqmail_text() for the text dump of a real notqmail queue (the tests
 read one produced by C qmail).
 """
+import errno
 import json
 import os
 import re
 import socket
+import stat
 import time
 
 from qmailpy import envelope, layout, states
@@ -220,7 +222,20 @@ def _collect_files(queue):
 
 
 def _read_file(queue, meta):
-    with open(os.path.join(queue, meta["path"]), "rb") as f:
+    """A queue file's bytes; OSError unless it is a regular file reached without a
+    symlink. Root's qmailctl queue list and qmail-qread read here, in directories
+    qmails and qmailq own: a FIFO in a file's place hung root (docs/security.md).
+    Links are not counted: qmail's todo/N and intd/N are one file until preprocessed."""
+    path = os.path.join(queue, meta["path"])
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError("%s: a symbolic link, not a regular file" % meta["path"]) from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError("%s: not a regular file" % meta["path"])
         return f.read()
 
 

@@ -338,3 +338,19 @@ def test_open_file_truncates_only_after_refusing_a_hard_link(qmail_home, victim)
     finally:
         os.close(dfd)
     assert unchanged(victim)
+
+
+def test_queue_list_waits_on_no_fifo_in_a_queue_files_place(qmail_home):
+    # todo/ is qmailq's, info/ and bounce/ qmails': root's qmailctl queue list opened them by name
+    queued = qmail_home.queue_message(b"Subject: x\n\nx\n", b"a@example.com", [b"b@example.com"])
+    assert queued.returncode == 0, queued.stderr
+    [name] = os.listdir(os.path.join(qmail_home.queue, "todo"))
+    proc = as_attacker(qmail_home, "import os, sys; os.unlink(sys.argv[1]); os.mkfifo(sys.argv[1])",
+                       os.path.join(qmail_home.queue, "todo", name))
+    assert proc.wait(timeout=30) == 0
+    proc.stdout.close()
+    try:
+        done = qmail_home.run(["qmailctl", "queue", "list"], timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("root's qmailctl queue list hung on a FIFO at todo/N")
+    assert ("todo/%s: not a regular file" % name).encode() in done.stdout + done.stderr, done
