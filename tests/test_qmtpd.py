@@ -5,6 +5,7 @@ import os
 import re
 import socket
 import subprocess
+import threading
 
 import pytest
 
@@ -108,6 +109,9 @@ def test_a_length_over_databytes_is_refused_and_queues_nothing(home):
     # CRLF form: counted after CRLF -> LF, and DATABYTES overrides the control file
     q.sock.sendall(request(big, b"a@example.org", [b"u@test.example"], crlf=True))
     assert q.replies(1) == [b"Dsorry, that message size exceeds my databytes limit (#5.3.4)"]
+    # too big and an unacceptable sender: qmail-qmtpd.c answers the size
+    q.sock.sendall(request(big, b"bad\0sender", [b"u@test.example"]))
+    assert q.replies(1) == [b"Dsorry, that message size exceeds my databytes limit (#5.3.4)"]
     assert q.finish()[0] == 0
     assert queued(home) == []
     q = Qmtp(home, DATABYTES="0")
@@ -137,4 +141,35 @@ def test_unreadable_controls_end_the_session_with_111(home):
     os.mkdir(os.path.join(home.path, "control", "rcpthosts"))
     q = Qmtp(home)          # it reads its controls before the first request
     assert q.finish() == (111, b"")
+    assert leftovers(home) == []
+
+
+@pytest.mark.parametrize("data", [
+    b"9999999999:",                                                  # past qmail's 200000000
+    b"0" * 5000 + b"9999999999:",                                    # however many zeros lead
+    ns(b"\nx\n") + ns(b"a@b") + b"9000:" + b"0" * 4990 + b"9999999999:",  # a recipient's length
+])
+def test_a_netstring_length_past_qmails_limit_ends_the_session_with_111(home, data):
+    q = Qmtp(home)
+    q.sock.sendall(data)
+    assert q.finish() == (111, b"")
+    assert leftovers(home) == []
+
+
+def test_a_huge_recipient_list_is_answered_in_bounded_memory(home):
+    """Each recipient costs a byte until the replies, which go out as they are made: 250000
+    recipients (about 6 MB of list, 15 MB of replies) held qmail-qmtpd at 78 MB before."""
+    count = 250000
+    q = Qmtp(home)
+    rcpts = b"".join(ns(b"u%d@elsewhere.example" % i) for i in range(count))
+    data = ns(b"\n" + MESSAGE) + ns(b"a@b") + ns(rcpts)
+    sender = threading.Thread(target=q.sock.sendall, args=(data,))
+    sender.start()
+    assert q.replies(1) == [b"Dsorry, that domain isn't in my list of allowed rcpthosts (#5.7.1)"]
+    with open("/proc/%d/status" % q.proc.pid) as f:
+        peak_kb = int(next(line for line in f if line.startswith("VmHWM:")).split()[1])
+    assert len(q.replies(count - 1)) == count - 1
+    sender.join()
+    assert q.finish() == (0, b"")
+    assert peak_kb < 40000, peak_kb
     assert leftovers(home) == []

@@ -25,12 +25,16 @@ SESSION_TIMEOUT = 3600
 MAX_ADDRESS = 1000          # qmail's buffer: an address this long (with RELAYCLIENT) is refused
 MAX_LENGTH = 200000000      # qmail's getlen(): a longer netstring ends the session, exit 111
 CHUNK = 65536
+OUT_LIMIT = 65536
+WRITE_PIECE = 4096        # at most what a writable socket or pipe takes without blocking
 
 BAD_RECIPIENT = b"Dsorry, I can't handle that recipient (#5.1.3)"
 NOT_RCPTHOSTS = b"Dsorry, that domain isn't in my list of allowed rcpthosts (#5.7.1)"
 BAD_SENDER = b"Dunacceptable sender (#5.1.7)"
 TOO_BIG = b"Dsorry, that message size exceeds my databytes limit (#5.3.4)"
 TOO_MANY = b"Zsorry, too many recipients (#4.5.3)"
+# a recipient's verdict, one byte each (a request may name millions): 0 is the request's result
+REFUSALS = (None, BAD_RECIPIENT, NOT_RCPTHOSTS, TOO_MANY)
 
 
 class End(Exception):
@@ -39,49 +43,57 @@ class End(Exception):
 
 
 class Wire:
-    """fd 0 read in chunks against the session deadline; replies held until the next read."""
+    """fd 0 read in chunks against the session deadline; replies held until the next read
+    or until OUT_LIMIT bytes of them wait (a request may name millions of recipients)."""
 
     def __init__(self, deadline):
         self.deadline = deadline
         self.buf = b""
+        self.pos = 0            # consumed part of buf (slicing per byte would be quadratic)
         self.out = []
+        self.outlen = 0
+
+    def _poll(self, fd, event):
+        left = self.deadline - time.monotonic()
+        poller = select.poll()
+        poller.register(fd, event)
+        if left <= 0 or not poller.poll(int(left * 1000) + 1):
+            raise End(111)
 
     def _fill(self):
         if self.out:
             self._flush()
-        left = self.deadline - time.monotonic()
-        poller = select.poll()
-        poller.register(0, select.POLLIN)
-        if left <= 0 or not poller.poll(int(left * 1000) + 1):
-            raise End(111)
+        self._poll(0, select.POLLIN)
         try:
             data = os.read(0, CHUNK)
         except OSError:
             raise End(0) from None
         if not data:
             raise End(0)
-        self.buf += data
+        self.buf, self.pos = data, 0
 
     def _flush(self):
-        data = b"".join(self.out)
-        self.out = []
+        data = memoryview(b"".join(self.out))
+        self.out, self.outlen = [], 0
         try:
             while data:
-                data = data[os.write(1, data):]
+                self._poll(1, select.POLLOUT)
+                data = data[os.write(1, data[:WRITE_PIECE]):]
         except OSError:
             raise End(0) from None
 
     def byte(self):
-        if not self.buf:
+        if self.pos >= len(self.buf):
             self._fill()
-        ch, self.buf = self.buf[:1], self.buf[1:]
-        return ch
+        self.pos += 1
+        return self.buf[self.pos - 1:self.pos]
 
     def take(self, n):
         """Up to n bytes (at least one)."""
-        if not self.buf:
+        if self.pos >= len(self.buf):
             self._fill()
-        piece, self.buf = self.buf[:n], self.buf[n:]
+        piece = self.buf[self.pos:self.pos + n]
+        self.pos += len(piece)
         return piece
 
     def exactly(self, n):
@@ -93,23 +105,27 @@ class Wire:
         return b"".join(parts)
 
     def length(self, first=b"", limit=None):
-        """A netstring's length up to its ':'; limit: the bytes it may take (recipient list)."""
-        digits = first
+        """A netstring's length up to its ':' and the bytes that took; limit: the bytes it may
+        take (recipient list). As qmail's getlen(), a value past MAX_LENGTH is exit 111 however
+        many leading zeros come first."""
+        value, used, ch = 0, len(first), first
         while True:
-            if limit is not None:
-                if limit <= len(digits):
+            if not ch:
+                if limit is not None and limit <= used:
                     raise End(100)
-            ch = self.byte()
+                ch = self.byte()
+                used += 1
             if ch == b":":
                 break
             if not ch.isdigit():
                 raise End(100)
-            digits += ch
-            if len(digits) > 9 and int(digits) > MAX_LENGTH:
+            if value > MAX_LENGTH:
                 raise End(111)
-        if not digits:
+            value = 10 * value + ch[0] - 48
+            ch = b""
+        if used == 1:
             raise End(100)
-        return int(digits), len(digits) + 1
+        return value, used
 
     def comma(self):
         if self.byte() != b",":
@@ -121,6 +137,9 @@ class Wire:
 
     def reply(self, text):
         self.out.append(b"%d:%s," % (len(text), text))
+        self.outlen += len(self.out[-1])
+        if self.outlen >= OUT_LIMIT:
+            self._flush()
 
 
 def _copy_message(wire, length, sink, databytes):
@@ -199,32 +218,32 @@ def _request(home, environ, wire, cfg, relay, length):
             wire.skip(length)
         wire.comma()
         biglen, _ = wire.length()
-        verdicts, recipients = [], []
+        verdicts, recipients = bytearray(), []
         budget = EnvelopeBudget(cfg.maxrcpt)
         while biglen > 0:
             length, used = wire.length(limit=biglen)
             biglen -= used
             if length >= biglen:
                 raise End(100)
-            verdict = None
+            verdict = 0
             if length + len(relay or b"") >= MAX_ADDRESS:
                 wire.skip(length)
-                verdict = BAD_RECIPIENT
+                verdict = 1
             else:
                 addr = wire.exactly(length)
                 if b"\0" in addr:
-                    verdict = BAD_RECIPIENT
+                    verdict = 1
                 elif relay is not None:
                     addr += relay
                 else:
                     try:
                         if not rcpt_allowed(addr, cfg.rcpthosts, cfg.more_lookup()):
-                            verdict = NOT_RCPTHOSTS
+                            verdict = 2
                     except SetupError:
                         raise End(111)
-                if verdict is None and not budget.admit(len(addr)):
-                    verdict = TOO_MANY
-                if verdict is None:
+                if not verdict and not budget.admit(len(addr)):
+                    verdict = 3
+                if not verdict:
                     recipients.append(addr)
             verdicts.append(verdict)
             wire.comma()
@@ -233,12 +252,12 @@ def _request(home, environ, wire, cfg, relay, length):
     except BaseException:
         qq.abort()
         raise
-    if not sender_ok:
-        qq.abort()
-        result = BAD_SENDER
-    elif not fits:
+    if not fits:            # qmail's order: the size refusal wins over the sender's
         qq.abort()
         result = TOO_BIG
+    elif not sender_ok:
+        qq.abort()
+        result = BAD_SENDER
     elif not recipients:
         qq.abort()
         result = None
@@ -249,4 +268,4 @@ def _request(home, environ, wire, cfg, relay, length):
         else:
             result = (b"D" if done.permanent else b"Z") + done.text
     for verdict in verdicts:
-        wire.reply(verdict or result)
+        wire.reply(REFUSALS[verdict] or result)
