@@ -26,12 +26,17 @@ from inotify_simple import INotify, flags
 
 SLOW, LATER, FILLER = "slow@test.example", "later@test.example", "a@test.example"
 SENDER = b"joe@test.example"
+SEGMENT_LIMIT = 4096                     # control/logsegmentsize: setup() writes it
+BIG_SENDER = b"j" * 980 + b"@test.example"    # near qmail-queue's address limit (1002)
+BIG_ROOM = 1000                          # less than big's ENVELOPE, more than M's last records
 MESSAGE = b"X-Crash-Id: %s\nSubject: crash\n\nmessage %s\n"
 
 
 def setup(users, work):
     """The users: slow (waits for the fifo WORK/go, then its Maildir) and later (defers
-    while WORK/go is a fifo, then its Maildir); a@ must exist already. The fifo's path."""
+    while WORK/go is a fifo, then its Maildir); a@ must exist already; a small segment
+    size. The fifo's path."""
+    users.qh.control("logsegmentsize", "%d\n" % SEGMENT_LIMIT)
     go = os.path.join(work, "go")
     os.mkfifo(go, 0o666)
     os.chmod(go, 0o666)
@@ -84,16 +89,28 @@ class Run:
         return self.wait(lambda: [m for m in map(regex.search, self.lines()) if m][count - 1:] or None,
                          pattern)[-1]
 
-    def queue(self, tag, rcpt):
+    def start_queue(self, tag):
+        """qmail-queue with the message written; finish_queue() hands it the envelope."""
         r, w = os.pipe()
         p = subprocess.Popen(["qmail-queue"], stdin=subprocess.PIPE, stdout=r)
         os.close(r)
         p.stdin.write(MESSAGE % (tag.encode(), tag.encode()))
         p.stdin.close()
-        os.write(w, b"F" + SENDER + b"\0T" + rcpt.encode() + b"\0\0")
+        return p, w, tag
+
+    def finish_queue(self, started, rcpt, sender=SENDER):
+        p, w, tag = started
+        os.write(w, b"F" + sender + b"\0T" + rcpt.encode() + b"\0\0")
         os.close(w)
         assert p.wait() == 0, tag
         self.acked[p.pid] = tag
+
+    def queue(self, tag, rcpt):
+        self.finish_queue(self.start_queue(tag), rcpt)
+
+    def head_size(self):
+        segs = list_segments(self.logdir)
+        return os.path.getsize(os.path.join(self.logdir, "%010d.seg" % segs[-1]))
 
     def fill_until(self, segments):
         while len(list_segments(self.logdir)) < segments:
@@ -132,13 +149,24 @@ class Run:
             old = self.checkpoint_listing(m)
             first = list_segments(self.logdir)[0]
             self.fill_until(2)                  # M's DELIVERY and FINISH go to the second segment
+            # Room left there for M's last records (a few hundred bytes) but not for the
+            # ENVELOPE of `big` (its long sender): that one rotates to a third segment
+            # at once after M's FINISH, so the next checkpoint, the first since M was in
+            # flight, deletes the second.
+            while self.head_size() < SEGMENT_LIMIT - BIG_ROOM:
+                assert len(list_segments(self.logdir)) == 2, "rotated while filling: BIG_ROOM too small"
+                self.ended += 1
+                self.queue("f%d" % self.ended, FILLER)
+                self.line(r"^end msg ", self.ended)
+            big = self.start_queue("big")
             with open(go, "w") as f:
                 f.write("go\n")
             self.ended += 1
             self.line(r"^end msg %d$" % m)
             finished_in = list_segments(self.logdir)[-1]
             assert finished_in != first
-            self.fill_until(3)
+            self.finish_queue(big, FILLER, BIG_SENDER)
+            assert list_segments(self.logdir)[-1] > finished_in
             self.wait(lambda: finished_in not in list_segments(self.logdir),
                       "segment %d deleted" % finished_in)
         finally:

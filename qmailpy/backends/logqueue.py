@@ -77,6 +77,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
         self.to_clean = []            # finished messages whose mess/ file goes after the next fsync
         self.results_unsynced = False  # DELIVERY records appended since the last sync_results()
         self.replayed_clean = []      # FINISHes replayed by recovery: cleaned once no qmail-queue runs
+        self.removed_unsynced = set()  # n % SPLIT of bodies removed since their mess/S/ was synced
         self.state_counts = None      # messages per state up to new_cursor (logcounts.py)
 
     def _write_snapshot(self, a, type=R.REPLACEMENT, ended=(), now=None):
@@ -316,6 +317,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
         self.to_clean.append(n)
 
     def _clean(self, n):
+        self.removed_unsynced.add(n % SPLIT)
         foop = "foop/%d" % n
         if self.cleaner is not None:
             if self.cleaner.request(foop) != b"+":
