@@ -189,10 +189,11 @@ class Milters:
         code, data = m.conn.reply(m.spec.command_timeout)
         if code != p.R_OPTNEG or len(data) < 12:
             raise p.MilterError("%s: no option negotiation" % m.spec.name)
-        version, m.actions, m.steps = struct.unpack(">III", data[:12])
-        if version < 2 or m.actions & ~p.OFFERED_ACTIONS or m.steps & ~p.OFFERED_STEPS:
-            raise p.MilterError("%s: asks for version %d, actions %#x, steps %#x"
-                                % (m.spec.name, version, m.actions, m.steps))
+        version, actions, steps = struct.unpack(">III", data[:12])
+        if version < 2:
+            raise p.MilterError("%s: speaks milter version %d" % (m.spec.name, version))
+        # what was not offered is not granted, as Postfix does (rspamd asks for every action)
+        m.actions, m.steps = actions & p.OFFERED_ACTIONS, steps & p.OFFERED_STEPS
         rest = data[12:]
         while len(rest) >= 4:
             stage = struct.unpack(">I", rest[:4])[0]
