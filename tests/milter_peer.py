@@ -26,6 +26,7 @@ class MilterPeer:
         self.actions, self.steps, self.symlists = actions, steps, symlists
         self.received = []                       # (command, data) in order, every connection
         self.connections = 0
+        self.pids = []                           # of each connecting process (unix sockets)
         self.lock = threading.Lock()
         self.closed = threading.Event()          # a connection ended (EOF or CLOSE)
         if unix:
@@ -67,6 +68,9 @@ class MilterPeer:
                 return
             with self.lock:
                 self.connections += 1
+                if conn.family == socket.AF_UNIX:
+                    cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                    self.pids.append(struct.unpack("3i", cred)[0])
             t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
             t.start()
             self.threads.append(t)

@@ -3,12 +3,13 @@ to tests/milter_peer.py's milter over a real socket; each action a milter uses, 
 macros at each stage, and the milters that hang, answer garbage or hang up.
 """
 import os
+import smtplib
 import struct
 
 import pytest
 
 from milter_peer import CLOSE, HANG, MilterPeer
-from test_smtpd_support import SmtpdProcess, queued
+from test_smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess, queued
 
 GREETING = b"220 test.example ESMTP\r\n"
 MESSAGE = (b"From: a@b.example\r\nSubject: hi\r\nX-Tag: one\r\nX-Tag: two\r\n\r\n"
@@ -242,3 +243,38 @@ def test_milter_down_tempfails_every_transaction(qmail_home):
     qmail_home.control("milters", "unix:/nonexistent/milter.sock default=accept\n")
     replies, _ = dialogue(qmail_home)
     assert replies[-1].startswith(b"250 ok ")
+
+
+def test_session_worker_keeps_serving_after_broken_milters(qmail_home, milter):
+    behaviours = iter([HANG, CLOSE, b"\xff\xff\xff\xffgarbage", None])
+    current = [None]
+
+    def respond(c, d):
+        if c == b"M":
+            current[0] = next(behaviours)
+        return current[0] if c == b"B" else None
+    peer = milter("data=1", unix=os.path.join(qmail_home.path, "m.sock"), respond=respond)
+    with ListenerProcess(qmail_home, "-c", "1") as listener:
+        for attempt in range(4):
+            with smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT) as client:
+                client.ehlo("client.example")
+                client.mail("a@b.example")
+                client.rcpt("x@test.example")
+                code, text = client.data(b"Subject: %d\r\n\r\nbody\r\n" % attempt)
+                if attempt < 3:
+                    assert (code, text) == (451, b"mail filter unavailable, try again later (#4.7.1)")
+                    assert queued(qmail_home) == []
+                else:
+                    assert code == 250
+        assert listener.stop() == 0
+    [m] = queued(qmail_home)
+    assert m.mess.endswith(b"Subject: 3\n\nbody\n")
+    assert len(peer.pids) == 4 and len(set(peer.pids)) == 1        # one worker served them all
+
+
+def test_spool_failure_is_451_and_nothing_queued(qmail_home, milter):
+    milter()
+    big = b"Subject: big\r\n\r\n" + (b"y" * 1000 + b"\r\n") * 1200 + b".\r\n"
+    replies, stderr = dialogue(qmail_home, message=big, TMPDIR="/nonexistent-qmailpy-spool")
+    assert replies[-1] == b"451 qq write error or disk full (#4.3.0)\r\n"
+    assert queued(qmail_home) == [] and b"unable to spool the message" in stderr

@@ -19,6 +19,7 @@ R_REJECT = b"550 sorry, a mail filter refuses this (#5.7.1)\r\n"
 R_TEMPFAIL = b"451 a mail filter asks to try again later (#4.7.1)\r\n"
 R_UNAVAILABLE = b"451 mail filter unavailable, try again later (#4.7.1)\r\n"
 R_QUARANTINE = b"451 a mail filter asks for a quarantine, which this server lacks (#4.7.1)\r\n"
+R_SPOOL = b"451 qq write error or disk full (#4.3.0)\r\n"
 R_NO_RECIPIENTS = b"554 a mail filter removed every recipient (#5.7.1)\r\n"
 _REPLYCODE = re.compile(rb"[45][0-9][0-9]([ -]|$)")
 
@@ -142,29 +143,37 @@ class Milters:
         try:
             if self.unavailable:
                 return R_UNAVAILABLE
-            message = Message(spool)
-            edits = Edits(message, sender, recipients)
-            try:
-                for m in self._live():
-                    if self.discard:
-                        break
-                    answer = self._filter(m, message, edits)
-                    if answer is DISCARD:
-                        self.discard = True
-                    elif answer is not None:
-                        return answer
-                if edits.quarantine:
-                    return R_QUARANTINE
-                if self.discard:
-                    self.log(b"milter: discarded message %s" % self.msg_id)
-                    return b"250 ok %d qp 0\r\n" % int(time.time())
-                if not edits.recipients:
-                    return R_NO_RECIPIENTS
-                return queue(edits.write, edits.sender, edits.recipients)
-            finally:
-                edits.close()
+            return self._end_of_data(spool, sender, recipients, queue)
+        except OSError as e:        # the spool could not be written or read back
+            self.log(b"milter: message %s: %s" % (self.msg_id, str(e).encode()))
+            return R_SPOOL
         finally:
             self.abort()            # those that did not see the end of this message
+
+    def _end_of_data(self, spool, sender, recipients, queue):
+        if spool.error is not None:
+            raise spool.error
+        message = Message(spool)
+        edits = Edits(message, sender, recipients)
+        try:
+            for m in self._live():
+                if self.discard:
+                    break
+                answer = self._filter(m, message, edits)
+                if answer is DISCARD:
+                    self.discard = True
+                elif answer is not None:
+                    return answer
+            if edits.quarantine:
+                return R_QUARANTINE
+            if self.discard:
+                self.log(b"milter: discarded message %s" % self.msg_id)
+                return b"250 ok %d qp 0\r\n" % int(time.time())
+            if not edits.recipients:
+                return R_NO_RECIPIENTS
+            return queue(edits.write, edits.sender, edits.recipients)
+        finally:
+            edits.close()
 
     def abort(self):
         """The transaction ended before its end of message (RSET, a new MAIL, a refused DATA)."""
