@@ -37,9 +37,14 @@ def _root_made(parent_fd, name):
     return parent.st_uid == 0 and not parent.st_mode & 0o022 and link.st_uid == 0
 
 
-def open_dir(name, parent_fd=None):
+MAX_LINKS = 8           # root's own symlinks followed in one lookup, as the kernel's ELOOP limit
+
+
+def open_dir(name, parent_fd=None, links=0):
     """A descriptor of the directory name (relative to parent_fd when given), not
-    reached through a symlink someone other than root could have planted."""
+    reached through a symlink someone other than root could have planted. A link
+    only root could have made is followed, its target walked by the same rules: a
+    directory on its way may be another account's (queue -> /data/queue, /data qmailq's)."""
     try:
         return os.open(name, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent_fd)
     except OSError as e:
@@ -50,7 +55,12 @@ def open_dir(name, parent_fd=None):
             raise Refused(name, "not a directory") from None
         if parent_fd is None or not _root_made(parent_fd, name):
             raise Refused(name, "a symbolic link") from None
-        return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+        if links >= MAX_LINKS:
+            raise Refused(name, "too many symbolic links") from None
+        target = os.readlink(name, dir_fd=parent_fd)
+        start = os.open("/" if target.startswith("/") else ".", DIR_FLAGS,
+                        dir_fd=None if target.startswith("/") else parent_fd)
+        return _walk(start, target, named="/" if target.startswith("/") else None, links=links + 1)
 
 
 def open_home(home):
@@ -69,19 +79,26 @@ def open_path(home, rel):
     return _walk(open_home(home), rel)
 
 
-def _walk(fd, rel, named=None):
+def _walk(fd, rel, named=None, links=None):
     """The directory rel below the open directory fd (which it takes over), each
-    component by open_dir; with named (fd's path), a refusal names the whole path."""
+    component by open_dir; with named (fd's path), a refusal names the whole path.
+    links: the target of a root-made symlink, followed that many links deep, in
+    which '..' (never itself a link) is allowed."""
     try:
         for part in rel.split(os.sep):
             if part in ("", "."):
                 continue
             if part == "..":
-                raise Refused(rel, "'..' in the path")
+                if links is None:
+                    raise Refused(rel, "'..' in the path")
+                child = os.open(part, DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = child
+                continue
             try:
-                child = open_dir(part, fd)
+                child = open_dir(part, fd, links or 0)
             except Refused as e:
-                if named is None:
+                if named is None or e.name != part:         # not this name (a link's target's)
                     raise
                 raise Refused(os.path.join(named, part), e.why) from None
             named = named and os.path.join(named, part)

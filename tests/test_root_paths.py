@@ -77,10 +77,12 @@ def test_qmqpd_socket_swapped_for_a_symlink_right_after_bind(qmail_home, victim)
     attacker = as_attacker(qmail_home, SWAP_SOCKET, run, victim)
     try:
         expect_line(attacker, "ready")
-        # bind() returns 0.3 s late: the swap lands between bind and what follows it
+        # bind() returns 1 s late: the swap lands between bind and what follows it (the
+        # watcher wakes in milliseconds; the margin is for a loaded machine, where a swap
+        # after the chmod would let qmail-qmqpd start and fail the message check below)
         server = subprocess.Popen(
             ["strace", "-f", "-qq", "-o", os.devnull, "-e", "trace=bind",
-             "-e", "inject=bind:delay_exit=300000", "qmail-qmqpd"],
+             "-e", "inject=bind:delay_exit=1000000", "qmail-qmqpd"],
             env=qmail_home.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE)
         try:
@@ -281,6 +283,24 @@ def test_a_home_reached_through_roots_own_symlink_still_works(qmail_home, tmp_pa
     done = qmail_home.run(["qmailctl", "init", "--home", str(link), "--user", qmail_home.user],
                           env=qmail_home.env)
     assert done.returncode == 0, done.stderr
+
+
+def test_init_rerun_follows_roots_symlink_but_not_a_users_link_beyond_it(qmail_home, tmp_path):
+    # root's own link (followed) leads through a directory the user owns, where the user has
+    # put a symlink in the home's place: the kernel resolved the whole target
+    os.chown(os.path.dirname(qmail_home.path), qmail_home.uid, qmail_home.gid)
+    target = tmp_path / "rootdir"
+    target.mkdir(mode=0o700)
+    proc = as_attacker(qmail_home, SWAP_HOME, qmail_home.path, str(target))
+    assert proc.wait(timeout=30) == 0
+    proc.stdout.close()
+    link = tmp_path / "qmail"
+    os.symlink(qmail_home.path, link)
+    done = qmail_home.run(["qmailctl", "init", "--home", str(link), "--user", qmail_home.user],
+                          env=qmail_home.env)
+    st = os.lstat(target)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode), os.listdir(target)) == (0, 0o700, [])
+    assert done.returncode == 1 and b"home: a symbolic link: refused" in done.stderr, done.stderr
 
 
 HOLD_SEND_LOCK = r"""
