@@ -65,6 +65,7 @@ def qmailpy_files():
         ("lst", "delaydomains", "No per-domain delivery delays.", "Delivery delay: ", ""),
         ("lst", "dnsbl", "No DNSBL zones are consulted.", "DNSBL zone: ", ""),
         ("lst", "dkimkeys", "No DKIM keys; outgoing mail is not signed.", "DKIM key: ", ""),
+        ("lst", "milters", "No milters; mail from SMTP is not filtered.", "Milter: ", ""),
         ("lst", DNS_CONTROL, "DNS servers are those of /etc/resolv.conf.", "DNS server: ", "."),
         ("int", "localdatabytes", "0", "Local users' message size limit is ", " bytes (0: none)"),
         ("int", COUNT_CONTROL, str(DEFAULT_COUNT), "Rotated log files kept: ", ""),

@@ -65,6 +65,10 @@ def main(argv=None):
         import importlib
         importlib.import_module("qmailpy.smtpd.auth")
         tls.preload()
+    if os.path.exists(os.path.join(home, "control", "milters")):
+        # ... and the milter client
+        import importlib
+        importlib.import_module("qmailpy.milter.filters")
     if os.path.exists(os.path.join(home, "control", "dnsbl")):
         # ... and the DNSBL lookups (dnspython takes 100+ ms to import)
         from qmailpy.smtpd import dnsbl
