@@ -90,9 +90,9 @@ def test_supervised_daemons_come_back_after_kill_9(qmail_home, service_dir):
         (got,) = wait_maildir(os.path.join(bench, "Maildir"), 1)
         assert b"Subject: supervised\n" in got
     finally:
+        scan.terminate()                # first: svscan would start a new supervise after svc -x
+        scan.wait(timeout=30)
         stop_services(str(service_dir))
         gone, alive = psutil.wait_procs(running_in(qmail_home), timeout=60)
-        scan.terminate()
-        scan.wait(timeout=30)
     assert alive == []
     assert psutil.wait_procs(running_in(qmail_home), timeout=30)[1] == []

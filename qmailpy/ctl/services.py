@@ -9,7 +9,9 @@ and a PATH with HOME/bin first, then execs the daemon as `qmailctl start` would)
 `log/run` (qmailctl's log writer: HOME/log/NAME.log, stamped and rotated by control/logsize
 and control/logcount, read again when they change). A supervised daemon has no pid file;
 `qmailctl stat` finds it by its command line and QMAILHOME, and `qmailctl start` reports
-it as already running. Stop one with `svc -d DIR/NAME` (runit: `sv down DIR/NAME`).
+it as already running. Stop one with `svc -d DIR/NAME` (runit: `sv down DIR/NAME`); to
+remove one, take its directory out of svscan's sight first, then `svc -dx DIR/NAME DIR/NAME/log`
+(svscan starts a new supervise for every directory it sees).
 """
 import os
 import shlex
