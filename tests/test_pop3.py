@@ -6,6 +6,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import time
 
 import psutil
@@ -256,3 +257,58 @@ def test_unreadable_controls_are_answered_before_the_greeting(qmail_home, mailbo
     assert s.line() == b"-ERR unable to read controls\r\n"
     assert s.line() == b""
     assert s.close() == 1
+
+
+# qmail-pop3d on a TCP connection, its 1200 s timeouts shortened to 2 (Conn's default
+# argument). Its send buffer is fixed at 16 kB, as a small net.ipv4.tcp_wmem leaves it
+# (on loopback autotuning grows it until a polled-writable socket takes 64 kB whole).
+SHORT_TIMEOUT_POP3D = ("import sys; from qmailpy.pop3 import conn, pop3d; "
+                       "conn.Conn.__init__.__defaults__ = (0, 1, 2); "
+                       "sys.exit(pop3d.main([sys.argv[1].encode()]))")
+
+
+def _pop3d(mailbox):
+    server = socket.create_server(("127.0.0.1", 0))
+    ours = socket.socket()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    ours.connect(server.getsockname())
+    theirs, _ = server.accept()
+    theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+    server.close()
+    ids = {"user": mailbox.home.uid, "group": mailbox.home.gid} if AS_ROOT else {}
+    proc = subprocess.Popen([sys.executable, "-c", SHORT_TIMEOUT_POP3D, mailbox.maildir],
+                            stdin=theirs, stdout=theirs, env=mailbox.env(), **ids)
+    theirs.close()
+    ours.settimeout(60)
+    return ours, proc
+
+
+def test_a_client_that_stops_reading_mid_retr_is_dropped_after_the_timeout(mailbox):
+    mailbox.deliver("3000.3.test", b"Subject: big\n\n" + (b"x" * 999 + b"\n") * 8000, 3000)
+    sock, proc = _pop3d(mailbox)
+    sock.sendall(b"DELE 1\r\nRETR 3\r\n")      # and never reads the 8 MB
+    try:
+        assert proc.wait(60) == 0              # blocked in write() for good before
+    finally:
+        proc.kill()
+    sock.close()
+    assert mailbox.names("new") == ["1000.1.test", "2000.2.test", "3000.3.test"]
+
+
+def test_a_message_without_line_ends_is_sent_in_bounded_memory(mailbox):
+    long_line = b"a" * 65535 + b"." * 10       # a '.' inside a line is never doubled
+    tail = b"y" * (32 << 20)                   # 32 MB, no LF at all
+    mailbox.deliver("3000.3.test", b"Subject: long\n\n" + long_line + b"\n.x\n" + tail, 3000)
+    sock, proc = _pop3d(mailbox)
+    f = sock.makefile("rb")
+    assert f.readline() == b"+OK \r\n"
+    sock.sendall(b"RETR 3\r\n")
+    expected = (b"+OK \r\nSubject: long\r\n\r\n" + long_line + b"\r\n..x\r\n" + tail
+                + b"\r\n\r\n.\r\n")
+    assert f.read(len(expected)) == expected
+    with open("/proc/%d/status" % proc.pid) as status:
+        peak_kb = int(next(line for line in status if line.startswith("VmHWM:")).split()[1])
+    sock.sendall(b"QUIT\r\n")
+    assert f.read() == b"+OK \r\n"
+    assert proc.wait(60) == 0
+    assert peak_kb < 40000, peak_kb

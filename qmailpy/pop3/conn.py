@@ -3,6 +3,7 @@ written to fd 1, each read and write given TIMEOUT seconds (qmail's 1200), after
 the program ends as it would on a closed connection."""
 import os
 import select
+import signal
 
 TIMEOUT = 1200
 # qmail reads a command line of any length; a longer one is answered as a syntax
@@ -12,6 +13,10 @@ MAX_LINE = 1024
 
 class Closed(Exception):
     """The client went away, or a read or write took longer than the timeout."""
+
+
+def _expired(signum, frame):
+    raise Closed()
 
 
 class Conn:
@@ -80,13 +85,22 @@ class Conn:
         data = b"".join(self._out)
         self._out, self._outlen = [], 0
         view = memoryview(data)
-        while view:
-            self._wait(self.wfd, select.POLLOUT)
-            try:
-                n = os.write(self.wfd, view)
-            except OSError:
-                raise Closed() from None
-            view = view[n:]
+        # A blocking write waits until all of it is taken, however long a client that
+        # stopped reading takes: the alarm (qmail's timeoutwrite) bounds it too.
+        previous = signal.signal(signal.SIGALRM, _expired)
+        try:
+            while view:
+                self._wait(self.wfd, select.POLLOUT)
+                signal.alarm(self.timeout)
+                try:
+                    n = os.write(self.wfd, view)
+                except OSError:
+                    raise Closed() from None
+                finally:
+                    signal.alarm(0)
+                view = view[n:]
+        finally:
+            signal.signal(signal.SIGALRM, previous)
 
     def reply(self, data):
         self.put(data)

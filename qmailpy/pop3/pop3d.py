@@ -19,6 +19,7 @@ from qmailpy.pop3.conn import Closed, Conn
 
 # maildir_clean: files in tmp/ not accessed for this long are an interrupted delivery's
 TMP_AGE = 36 * 3600
+LINE_PIECE = 65536
 NOMAILDIR = b"this user has no $HOME/Maildir"
 SCAN = b"unable to scan $HOME/Maildir"
 ROOT = b"qmail-pop3d invoked as uid 0, terminating\n"
@@ -163,20 +164,32 @@ class Session:
             self._blast(f, limit)
 
     def _blast(self, f, limit):
+        """qmail's blast(), reading a line in pieces of at most LINE_PIECE bytes so that
+        a message with no line ends is not held whole."""
         put = self.conn.put
         in_headers = True
-        for line in f:
-            if line.endswith(b"\n"):
-                line = line[:-1]
-            if limit and not in_headers:
-                limit -= 1
-                if not limit:
-                    break
-            if not line:
-                in_headers = False
-            elif line[:1] == b".":
-                put(b".")
-            put(line)
+        at_start = True             # the next piece begins a line
+        while True:
+            piece = f.readline(LINE_PIECE)
+            if not piece:
+                break
+            ends = piece.endswith(b"\n")
+            if ends:
+                piece = piece[:-1]
+            if at_start:
+                if limit and not in_headers:
+                    limit -= 1
+                    if not limit:
+                        break
+                if not piece and ends:
+                    in_headers = False
+                elif piece[:1] == b".":
+                    put(b".")
+            put(piece)
+            if ends:
+                put(b"\r\n")
+            at_start = ends
+        if not at_start:            # the last line had no LF
             put(b"\r\n")
         self.conn.reply(b"\r\n.\r\n")
 
