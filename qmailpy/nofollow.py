@@ -112,8 +112,8 @@ def _walk(fd, rel, named=None, links=None):
 
 def open_file(name, dir_fd, flags=os.O_RDONLY, kind=stat.S_IFREG, mode=0o600):
     """os.open of name in dir_fd without following a symlink or waiting on a FIFO;
-    what it opened must be of kind (S_IFREG: a regular file with one link, S_IFIFO:
-    a named pipe), else Refused. O_NONBLOCK stays set on a FIFO and is cleared on
+    what it opened must be of kind (S_IFREG: a regular file, S_IFIFO: a named pipe)
+    with one link, else Refused. O_NONBLOCK stays set on a FIFO and is cleared on
     a regular file. O_TRUNC truncates only after the checks: open(2) would cut a
     hard-linked file before fstat could refuse it."""
     try:
@@ -129,9 +129,10 @@ def open_file(name, dir_fd, flags=os.O_RDONLY, kind=stat.S_IFREG, mode=0o600):
         if stat.S_IFMT(st.st_mode) != kind:
             raise Refused(name, "%s, not %s" % (_KINDS.get(stat.S_IFMT(st.st_mode), "a device"),
                                                 _KINDS[kind]))
+        if st.st_nlink != 1:        # a FIFO too: root fchowns lock/trigger to qmailq
+            raise Refused(name, "%s with %d links" % ("a file" if kind == stat.S_IFREG else _KINDS[kind],
+                                                       st.st_nlink))
         if kind == stat.S_IFREG:
-            if st.st_nlink != 1:
-                raise Refused(name, "a file with %d links" % st.st_nlink)
             os.set_blocking(fd, True)
             if flags & os.O_TRUNC:
                 os.ftruncate(fd, 0)

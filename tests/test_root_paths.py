@@ -155,6 +155,19 @@ def test_init_rerun_refuses_a_hard_link_to_another_file(qmail_home, victim):
     assert done.returncode == 1 and b"a file with 2 links: refused" in done.stderr, done.stderr
 
 
+def test_init_rerun_refuses_a_hard_link_to_another_fifo(qmail_home, tmp_path):
+    # lock/trigger is a FIFO: root fchowned whatever FIFO qmailq had linked there to qmailq
+    fifo = tmp_path / "rootfifo"
+    os.mkfifo(fifo, 0o600)
+    trigger = os.path.join(qmail_home.path, "queue", "lock", "trigger")
+    os.unlink(trigger)
+    os.link(fifo, trigger)
+    done = rerun_init(qmail_home)
+    st = os.lstat(fifo)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o600), st
+    assert done.returncode == 1 and b"trigger: a named pipe with 2 links: refused" in done.stderr, done.stderr
+
+
 def test_init_rerun_writes_no_control_file_through_a_symlink(qmail_home, victim):
     plant_symlink(qmail_home, "control/me", victim)
     plant_symlink(qmail_home, "control/roles.tmp", victim)
