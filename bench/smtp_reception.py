@@ -15,12 +15,17 @@ program) and the same listener is measured twice in one run: N messages in clear
 more with STARTTLS on every connection; it also prints the cost of one STARTTLS
 (the command, 220 and the TLS handshake, client and server on this machine).
 
+With --rspamd, rspamd from Debian starts with the tests' configuration (tests/rspamd_harness.py)
+and N more messages go to the first listener through rspamd's milter proxy (control/milters,
+docs/milter.md), in the same run: each session spools its message, rspamd scans it and
+adds its headers, and the edited message is queued.
+
 With --qmqpd, qmail-qmqpd runs too and every session hands its message to it, as on a
 server started with qmailctl start.
 
 Usage: .venv/bin/python bench/smtp_reception.py [-c CLIENTS] [-n MESSAGES]
                                                [-m MESSAGES_PER_CONNECTION] [-s BODY_BYTES] [--tls]
-                                               [--qmqpd]
+                                               [--qmqpd] [--rspamd]
 """
 import argparse
 import multiprocessing
@@ -194,6 +199,18 @@ def exec_startup_cost(home, rounds):
     return statistics.median(times)
 
 
+def start_rspamd(base):
+    """rspamd with its milter proxy on a free port (tests/rspamd_harness.py), or exit."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from rspamd_harness import Rspamd, Unavailable
+    directory = os.path.join(base, "rspamd")
+    os.mkdir(directory)
+    try:
+        return Rspamd(directory)
+    except Unavailable as e:
+        raise SystemExit("bench: %s" % e)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-c", "--clients", type=int, default=4)
@@ -205,8 +222,11 @@ def main():
                          " qmailctl start) instead of forking qmail-queue's code")
     ap.add_argument("--tls", action="store_true",
                     help="measure again with STARTTLS on every connection, in the same run")
+    ap.add_argument("--rspamd", action="store_true",
+                    help="measure again through rspamd's milter, in the same run")
     args = ap.parse_args()
     base, home = make_home()
+    rspamd = start_rspamd(base) if args.rspamd else None
     cafile = make_cert(home) if args.tls else None
     body = (b"From: sender@bench.client\r\nTo: rcpt@bench.example\r\nSubject: bench\r\n\r\n"
             + (b"x" * 78 + b"\r\n") * max(1, args.size // 80) + b".\r\n")
@@ -227,6 +247,14 @@ def main():
             tls_sent, tls_failures, tls_elapsed = run_clients(port, args, body, cafile)
             failures += tls_failures
             tls_cost = handshake_cost(port, 100, cafile)
+        if rspamd is not None:
+            milters = os.path.join(home, "control", "milters")
+            with open(milters, "w") as f:
+                f.write("inet:127.0.0.1:%d\n" % rspamd.port)
+            os.chmod(milters, 0o644)        # read by qmaild when the bench runs as root
+            milter_sent, milter_failures, milter_elapsed = run_clients(port, args, body)
+            failures += milter_failures
+            os.unlink(milters)
         queued = len(os.listdir(os.path.join(home, "queue", "todo")))
         fork_cost = startup_cost(port, 200)
         exec_cost = exec_startup_cost(home, 20)
@@ -238,6 +266,8 @@ def main():
             qmqpd.terminate()
             qmqpd.wait()
             qmqpd.stderr.close()
+        if rspamd is not None:
+            rspamd.stop()
         shutil.rmtree(base, ignore_errors=True)
     print("smtp reception: %d clients, %d messages (%d per connection), %d body bytes"
           % (args.clients, args.messages, args.per_connection, len(body)))
@@ -247,10 +277,13 @@ def main():
         print("  with STARTTLS on every connection: %.0f messages/s (%.2f s)"
               % (tls_sent / tls_elapsed, tls_elapsed))
         print("  one STARTTLS (command, 220, handshake): %.2f ms median" % (tls_cost * 1000))
+    if rspamd is not None:
+        print("  through rspamd's milter: %.0f messages/s (%.2f s)"
+              % (milter_sent / milter_elapsed, milter_elapsed))
     print("  session start via listener fork: %.2f ms median (connect -> 220)" % (fork_cost * 1000))
     print("  session start via exec of qmail-smtpd: %.2f ms median (for comparison)"
           % (exec_cost * 1000))
-    expected = args.messages * (2 if args.tls else 1)
+    expected = args.messages * (1 + args.tls + args.rspamd)
     return 0 if failures == 0 and queued == expected else 1
 
 

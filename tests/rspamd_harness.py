@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 
-START_TIMEOUT = 60
+START_TIMEOUT = 180      # seconds: it loads every rule of the packaged configuration
 
 
 class Unavailable(Exception):
