@@ -278,3 +278,24 @@ def test_spool_failure_is_451_and_nothing_queued(qmail_home, milter):
     replies, stderr = dialogue(qmail_home, message=big, TMPDIR="/nonexistent-qmailpy-spool")
     assert replies[-1] == b"451 qq write error or disk full (#4.3.0)\r\n"
     assert queued(qmail_home) == [] and b"unable to spool the message" in stderr
+
+
+def test_macro_lists_leading_space_and_helo_refusal(qmail_home, milter):
+    # SETSYMLIST: only {client_addr} at connect, only {rcpt_host} at RCPT (none of the defaults)
+    lists = struct.pack(">I", 0) + b"{client_addr}\0" + struct.pack(">I", 3) + b"{rcpt_host}\0"
+    peer = milter(steps=0x100000, symlists=lists,
+                  respond=lambda c, d: [(b"h", b"X-Lead\0  two spaces\0"), (b"c", b"")]
+                  if c == b"E" else None)
+    replies, _ = dialogue(qmail_home)
+    assert replies[-1].startswith(b"250 ok ")
+    assert peer.macros(b"C") == {b"{client_addr}": b"192.0.2.7"}
+    assert peer.macros(b"R") == {b"{rcpt_host}": b"test.example"}
+    assert peer.macros(b"M") == {b"i": peer.macros(b"E")[b"i"], b"{mail_addr}": b"a@b.example",
+                                 b"{mail_host}": b"b.example", b"{mail_mailer}": b"smtp"}
+    assert [h.split(b"\0")[:2] for h in peer.data_of(b"L")][1] == [b"From", b" a@b.example"]
+    assert b"\nX-Lead:  two spaces\n\n" in only(qmail_home).mess
+    peer.respond = lambda c, d: [(b"y", b"550 5.7.1 go away\0")] if c == b"H" else None
+    with SmtpdProcess(qmail_home) as s:
+        assert s.reply() == GREETING
+        assert s.command(b"HELO bad.example\r\n") == b"550 5.7.1 go away\r\n"
+        assert s.command(b"QUIT\r\n") == b"221 test.example\r\n"

@@ -650,6 +650,8 @@ def _give_up(qq, milters):
 
 def _milters(home, cfg, environ):
     """The session's milters from control/milters, connected and told of the client, or None."""
+    if not os.path.exists(os.path.join(home, "control", "milters")):
+        return None
     from qmailpy.milter import config
     try:
         specs = config.read(home)
