@@ -1,6 +1,7 @@
 """predate, datemail, mailsubj and tcp-env as processes (qmail's predate.c, datemail, mailsubj, tcp-env.c)."""
 import os
 import re
+import signal
 import socket
 import subprocess
 import time
@@ -107,6 +108,11 @@ def test_tcp_env_sets_the_connections_variables(qmail_home):
             done = subprocess.run(["tcp-env", "env"], stdin=conn, capture_output=True, timeout=60,
                                   env=dict(h.env, PROTO="TCP", TCPREMOTEIP="192.0.2.1"))
             assert b"\nTCPREMOTEIP=192.0.2.1\n" in b"\n" + done.stdout   # PROTO=TCP: already set
+            # the program starts with SIGPIPE and SIGXFSZ at their defaults (qmail's sig_pipedefault)
+            done = subprocess.run(["tcp-env", "-R", "grep", "^SigIgn:", "/proc/self/status"], stdin=conn,
+                                  capture_output=True, env=env, timeout=60)
+            ignored = int(done.stdout.split()[1], 16)
+            assert ignored & (1 << (signal.SIGPIPE - 1) | 1 << (signal.SIGXFSZ - 1)) == 0, done.stdout
 
 
 def test_tcp_env_bad_input(qmail_home):

@@ -114,6 +114,11 @@ def main(argv=None):
             return 111
         finally:
             sock.detach()
+    import signal
+    # qmail's sig_pipedefault(); SIGXFSZ too: the interpreter ignored both, and an ignored
+    # signal stays ignored across exec
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     try:
         os.execvp(program[0], program)
     except OSError as e:
