@@ -15,6 +15,12 @@ program) and the same listener is measured twice in one run: N messages in clear
 more with STARTTLS on every connection; it also prints the cost of one STARTTLS
 (the command, 220 and the TLS handshake, client and server on this machine).
 
+With --authcheck, N more messages go, in the same run, to a second listener on a home with
+control/authcheck (SPF, DKIM and DMARC checks, docs/submission.md "Sender authentication"):
+dnsmasq (tests/dns_harness.py) serves the sender domain's SPF and DMARC records and a DKIM key,
+and every message carries an RSA-2048 DKIM signature, so each one costs an SPF check, a DKIM
+verification and a DMARC evaluation, all passing (checked on one queued message).
+
 With --rspamd, rspamd from Debian starts with the tests' configuration (tests/rspamd_harness.py)
 and N more messages go to the first listener through rspamd's milter proxy (control/milters,
 docs/milter.md), in the same run: each session spools its message, rspamd scans it and
@@ -25,7 +31,7 @@ server started with qmailctl start.
 
 Usage: .venv/bin/python bench/smtp_reception.py [-c CLIENTS] [-n MESSAGES]
                                                [-m MESSAGES_PER_CONNECTION] [-s BODY_BYTES] [--tls]
-                                               [--qmqpd] [--rspamd]
+                                               [--qmqpd] [--rspamd] [--authcheck]
 """
 import argparse
 import multiprocessing
@@ -101,7 +107,7 @@ def starttls(c, context):
     c.sock = context.wrap_socket(c.sock, server_hostname="127.0.0.1")
 
 
-def client(port, count, per_conn, body, results, cafile=None):
+def client(port, count, per_conn, body, results, cafile=None, sender=b"sender@bench.client"):
     context = client_context(cafile)
     sent = 0
     failures = 0
@@ -113,7 +119,7 @@ def client(port, count, per_conn, body, results, cafile=None):
         c.sock.sendall(b"HELO bench.client\r\n")
         c.replies(1)
         for _ in range(min(per_conn, count - sent)):
-            c.sock.sendall(b"MAIL FROM:<sender@bench.client>\r\nRCPT TO:<rcpt@bench.example>\r\n"
+            c.sock.sendall(b"MAIL FROM:<" + sender + b">\r\nRCPT TO:<rcpt@bench.example>\r\n"
                            b"DATA\r\n")
             if c.replies(3) != b"354 go ahead\r":
                 failures += 1
@@ -162,13 +168,13 @@ def handshake_cost(port, rounds, cafile):
     return statistics.median(times)
 
 
-def run_clients(port, args, body, cafile=None):
+def run_clients(port, args, body, cafile=None, sender=b"sender@bench.client"):
     """(messages sent, failures, seconds) for args.messages over args.clients connections at once."""
     share = [args.messages // args.clients + (i < args.messages % args.clients)
              for i in range(args.clients)]
     results = multiprocessing.Queue()
     procs = [multiprocessing.Process(target=client, args=(port, k, args.per_connection, body,
-                                                          results, cafile)) for k in share]
+                                                          results, cafile, sender)) for k in share]
     t0 = time.perf_counter()
     for p in procs:
         p.start()
@@ -199,6 +205,71 @@ def exec_startup_cost(home, rounds):
     return statistics.median(times)
 
 
+AUTH_SENDER = b"sender@bench.test"
+
+
+def start_listener(home):
+    """qmail-smtpd-listen on a free port of 127.0.0.1: (process, port)."""
+    listener = subprocess.Popen([os.path.join(BIN, "qmail-smtpd-listen"), "-c", "100", "-s", "100",
+                                 "127.0.0.1:0"], stderr=subprocess.PIPE,
+                                env=dict(os.environ, QMAILHOME=home))
+    line = listener.stderr.readline()
+    return listener, int(re.search(rb":(\d+)\n", line).group(1))
+
+
+def stop(proc):
+    proc.terminate()
+    proc.wait()
+    proc.stderr.close()
+
+
+def write_control(home, name, text):
+    path = os.path.join(home, "control", name)
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o644)           # read by qmaild when the bench runs as root
+
+
+def authcheck_setup(home, body):
+    """dnsmasq serving bench.test's SPF, DMARC and DKIM key, the checks on in home; (the
+    dnsmasq, the message DKIM-signed)."""
+    import base64
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from dns_harness import Dnsmasq, txt_strings
+
+    from qmailpy import dkimkeys
+    from qmailpy.ctl import dkim as keygen
+    from qmailpy.remote import dkimsign
+    private, public = keygen.rsa_key()
+    key = os.path.join(home, "bench-dkim.key")
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, private)
+    os.close(fd)
+    message = body[:-3].replace(b"bench.client", b"bench.test")
+    signature = dkimsign.sign(message, [dkimkeys.Entry(b"bench.test", b"b", os.fsencode(key))])
+    signed = signature.replace(b"\r\n", b"\n").replace(b"\n", b"\r\n") + message + b".\r\n"
+    records = [("bench.test", "v=spf1 ip4:127.0.0.1 -all"),
+               ("_dmarc.bench.test", "v=DMARC1; p=reject"),
+               ("b._domainkey.bench.test", "v=DKIM1; k=rsa; p=" + base64.b64encode(public).decode())]
+    dns = Dnsmasq(["txt-record=%s,%s" % (n, txt_strings(v)) for n, v in records])
+    write_control(home, "dnsresolvers", dns.control_line())
+    write_control(home, "authcheck", "")
+    return dns, signed
+
+
+def results_header(home):
+    """The Authentication-Results field of one queued message of the checked run."""
+    mess = os.path.join(home, "queue", "mess")
+    for root, _, files in os.walk(mess):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                header = f.read().split(b"\n\n")[0].replace(b"\n\t", b" ")
+            for line in header.split(b"\n"):
+                if line.startswith(b"Authentication-Results:"):
+                    return line.decode()
+    return None
+
+
 def start_rspamd(base):
     """rspamd with its milter proxy on a free port (tests/rspamd_harness.py), or exit."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
@@ -220,6 +291,8 @@ def main():
     ap.add_argument("--qmqpd", action="store_true",
                     help="run qmail-qmqpd too, so that sessions hand their messages to it (as under"
                          " qmailctl start) instead of forking qmail-queue's code")
+    ap.add_argument("--authcheck", action="store_true",
+                    help="measure again with the SPF, DKIM and DMARC checks on, in the same run")
     ap.add_argument("--tls", action="store_true",
                     help="measure again with STARTTLS on every connection, in the same run")
     ap.add_argument("--rspamd", action="store_true",
@@ -236,17 +309,25 @@ def main():
                                  env=dict(os.environ, QMAILHOME=home))
         if b"listening on" not in qmqpd.stderr.readline():
             raise SystemExit("qmail-qmqpd did not start")
-    listener = subprocess.Popen([os.path.join(BIN, "qmail-smtpd-listen"), "-c", "100", "-s", "100",
-                                 "127.0.0.1:0"], stderr=subprocess.PIPE,
-                                env=dict(os.environ, QMAILHOME=home))
+    listener, port = start_listener(home)
+    dns = None
     try:
-        line = listener.stderr.readline()
-        port = int(re.search(rb":(\d+)\n", line).group(1))
         sent, failures, elapsed = run_clients(port, args, body)
         if args.tls:
             tls_sent, tls_failures, tls_elapsed = run_clients(port, args, body, cafile)
             failures += tls_failures
             tls_cost = handshake_cost(port, 100, cafile)
+        if args.authcheck:
+            dns, signed = authcheck_setup(home, body)
+            checked, checked_port = start_listener(home)     # preloads the checks' libraries
+            try:
+                ac_sent, ac_failures, ac_elapsed = run_clients(checked_port, args, signed,
+                                                               sender=AUTH_SENDER)
+            finally:
+                stop(checked)
+            failures += ac_failures
+            results = results_header(home)
+            os.unlink(os.path.join(home, "control", "authcheck"))
         if rspamd is not None:
             milters = os.path.join(home, "control", "milters")
             with open(milters, "w") as f:
@@ -259,9 +340,9 @@ def main():
         fork_cost = startup_cost(port, 200)
         exec_cost = exec_startup_cost(home, 20)
     finally:
-        listener.terminate()
-        listener.wait()
-        listener.stderr.close()
+        stop(listener)
+        if dns is not None:
+            dns.close()
         if qmqpd is not None:
             qmqpd.terminate()
             qmqpd.wait()
@@ -277,13 +358,17 @@ def main():
         print("  with STARTTLS on every connection: %.0f messages/s (%.2f s)"
               % (tls_sent / tls_elapsed, tls_elapsed))
         print("  one STARTTLS (command, 220, handshake): %.2f ms median" % (tls_cost * 1000))
+    if args.authcheck:
+        print("  with SPF, DKIM (RSA-2048) and DMARC checks: %.0f messages/s (%.2f s)"
+              % (ac_sent / ac_elapsed, ac_elapsed))
+        print("  one of them: %s" % results)
     if rspamd is not None:
         print("  through rspamd's milter: %.0f messages/s (%.2f s)"
               % (milter_sent / milter_elapsed, milter_elapsed))
     print("  session start via listener fork: %.2f ms median (connect -> 220)" % (fork_cost * 1000))
     print("  session start via exec of qmail-smtpd: %.2f ms median (for comparison)"
           % (exec_cost * 1000))
-    expected = args.messages * (1 + args.tls + args.rspamd)
+    expected = args.messages * (1 + args.tls + args.authcheck + args.rspamd)
     return 0 if failures == 0 and queued == expected else 1
 
 

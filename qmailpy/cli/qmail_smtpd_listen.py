@@ -73,6 +73,10 @@ def main(argv=None):
         # ... and the DNSBL lookups (dnspython takes 100+ ms to import)
         from qmailpy.smtpd import dnsbl
         dnsbl.preload()
+    if os.path.exists(os.path.join(home, "control", "authcheck")):
+        # ... and pyspf, dkimpy and authheaders for the SPF, DKIM and DMARC checks
+        from qmailpy.smtpd import authcheck
+        authcheck.preload()
     # ... and the accounts every session worker and queueing child switches to.
     from qmailpy.queue import qmailqueue
     qmailqueue.prepare(home)

@@ -98,6 +98,8 @@ class Session:
         self.authenticated = None   # the user name after a successful AUTH
         self.dnsbl = None           # (reply, log text) while the client is listed (smtpd/dnsbl.py)
         self.milters = None         # qmailpy.milter.filters.Milters with control/milters
+        self.checks = None          # smtpd/authcheck.py's Checks with control/authcheck
+        self.helohost = b""         # the HELO/EHLO argument (SPF's identity for MAIL FROM <>)
         self.auth_failures = 0
         self._checkpassword = None
         self._in_poll = select.poll()       # one per direction for the whole session
@@ -208,6 +210,7 @@ class Session:
             if self.cfg.session_deadline:
                 self.until = time.monotonic() + self.cfg.session_deadline
             self.dnsbl = _dnsbl(self.home, self.cfg)
+            self.checks = _authcheck(self.home)
             self.milters = _milters(self.home, self.cfg, self.environ)
             self.out += b"220 " + self.cfg.greeting + b" ESMTP\r\n"
             while True:
@@ -258,6 +261,7 @@ class Session:
 
     def dohelo(self, arg):
         self.fakehelo = None if arg.lower() == self.cfg.remotehost.lower() else arg
+        self.helohost = arg
 
     def milter_refuses(self, step, *args):
         """A milter's reply to this step (queued for the client), or None to go on."""
@@ -485,6 +489,14 @@ class Session:
                 self.rcpt = []
                 self.out += e.reply
                 return
+        if self.checks is not None and self.cfg.relayclient is None:
+            refused = self.checks.at_mail(self.cfg.remoteip, addr, self.helohost)
+            if refused is not None:
+                self.seenmail = False
+                self.rcpt = []
+                log(b"authcheck: " + self.checks.log)
+                self.out += refused
+                return
         if self.milter_refuses("mail", addr, rest, self.authenticated):
             self.seenmail = False
             return
@@ -537,9 +549,10 @@ class Session:
         if self.milter_refuses("data"):
             self.milters.abort()
             return
-        if self.milters is not None:
+        checks = self.checks if self.cfg.relayclient is None else None
+        if self.milters is not None or checks is not None:
             from qmailpy.queue.spool import Spool
-            qq = Spool()                # the milters see it before the queue does
+            qq = Spool()                # the checks and milters see it before the queue does
         else:
             try:
                 qq = self.queue_client()
@@ -580,6 +593,10 @@ class Session:
             self.out += R_SIZE
             return
         self.smtputf8 = False
+        if checks is not None:
+            qq = self.authenticate(qq, checks)
+            if qq is None:
+                return
         if self.milters is not None:
             try:
                 self.out += self.milters.end_of_data(qq, self.mailfrom, self.rcpt, self.queue)
@@ -587,6 +604,34 @@ class Session:
                 qq.close()
             return
         self.out += self.queued(qq.finish(self.mailfrom, self.rcpt))
+
+    def authenticate(self, spool, checks):
+        """smtpd/authcheck.py's checks of the spooled message: its reply queued and None, or a
+        spool the milters see next (the message queued and None when there are none)."""
+        try:
+            refused, write = checks.after_data(spool)
+            if refused is not None:
+                if checks.log:
+                    log(b"authcheck: " + checks.log)
+                _give_up(spool, self.milters)
+                self.out += refused
+                return None
+            if self.milters is None:
+                self.out += self.queue(write, self.mailfrom, self.rcpt)
+                return None
+            from qmailpy.queue.spool import Spool
+            annotated = Spool()
+            write(annotated.write)
+            if annotated.error is not None:
+                raise annotated.error
+            return annotated
+        except OSError:             # the spool could not be read back or written
+            from qmailpy.smtpd.authcheck import R_SPOOL
+            _give_up(spool, self.milters)
+            self.out += R_SPOOL
+            return None
+        finally:
+            spool.close()
 
     def queue_client(self):
         from qmailpy.queue.client import QueueClient
@@ -639,12 +684,25 @@ def _dnsbl(home, cfg):
     return listed
 
 
+def _authcheck(home):
+    """smtpd/authcheck.py's Checks when control/authcheck exists (docs/submission.md
+    "Sender authentication"), else None, importing nothing."""
+    if not os.path.exists(os.path.join(home, "control", "authcheck")):
+        return None
+    from qmailpy.smtpd import authcheck
+    try:
+        return authcheck.Checks(home)
+    except ControlError:
+        raise _End(1, R_CONTROLS) from None
+
+
 def _give_up(qq, milters):
     """A message that will not be queued: its queue client or spool, and the milters' view."""
-    if milters is None:
+    if milters is None and hasattr(qq, "abort"):
         qq.abort()
     else:
         qq.close()
+    if milters is not None:
         milters.abort()
 
 
