@@ -327,24 +327,31 @@ def _not_a_home(home):
 LOCK = "qmailctl.lock"
 
 
-def _lock(logdir, create=True):
-    """One start or stop at a time per home: an exclusive lock on HOME/log/qmailctl.lock.
-    Without create (stop), a lock file this account cannot make or open is no lock: None."""
+def _lock(home, create=True):
+    """One start or stop at a time per home: an exclusive lock on HOME/log/qmailctl.lock,
+    reached through log/'s descriptor (root in a single-user home, whose log/ its user
+    owns, follows no link and opens no FIFO planted there). Without create (stop), a lock
+    file this account cannot make or open is no lock: None."""
     import fcntl
-    path = os.path.join(logdir, LOCK)
+    from qmailpy import nofollow
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except PermissionError:
-        if create:
-            raise
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return None
+        dfd = nofollow.open_path(home, "log")
     except FileNotFoundError:
         if create:
             raise
         return None
+    try:
+        try:
+            fd = nofollow.open_file(LOCK, dfd, os.O_WRONLY | os.O_CREAT, mode=0o644)
+        except PermissionError:
+            if create:
+                raise
+            try:
+                fd = nofollow.open_file(LOCK, dfd)
+            except OSError:
+                return None
+    finally:
+        os.close(dfd)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
 
@@ -357,9 +364,9 @@ def start(args):
         return 1
     try:
         logdir = _logdir(home)
-        lock = _lock(logdir)
+        lock = _lock(home)
     except OSError as e:
-        print("qmailctl: cannot use %s/log: %s" % (home, e.strerror), file=sys.stderr)
+        print("qmailctl: cannot use %s/log: %s" % (home, e.strerror or e), file=sys.stderr)
         return 1
     try:
         return _start_missing(home, logdir, args)
@@ -458,9 +465,9 @@ def stop(args):
     home = _home(args)
     logdir = os.path.join(home, "log")
     try:
-        lock = _lock(logdir, create=False)
+        lock = _lock(home, create=False)
     except OSError as e:
-        print("qmailctl: cannot use %s: %s" % (logdir, e.strerror), file=sys.stderr)
+        print("qmailctl: cannot use %s: %s" % (logdir, e.strerror or e), file=sys.stderr)
         return 1
     try:
         return _stop_all(home, args.timeout)
