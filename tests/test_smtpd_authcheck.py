@@ -244,3 +244,42 @@ def test_libraries_imported_only_when_checks_are_on(qmail_home):
     off = imported()
     assert not {"spf", "dkim", "authheaders"} & off
     assert "qmailpy.smtpd.authcheck" not in off
+
+
+def test_message_over_the_verify_bound_is_dkim_policy(home, keys):
+    """A message too big to verify in memory: dkim=policy, DMARC on SPF alone, the body intact
+    and forged results removed on the streaming path too."""
+    from qmailpy.smtpd.authcheck import VERIFY_MAX
+    forged = b"Authentication-Results: test.example; dkim=pass header.d=example.test\r\n"
+    body = MESSAGE + (b"y" * 998 + b"\r\n") * (VERIFY_MAX // 999 + 100)
+    mail, data, _ = send(home, b"joe@example.test", forged + keys["rsa"](body) + body)
+    assert data.startswith(b"250 ok ")
+    (ar,), mess = results(home)
+    assert ar == (b"Authentication-Results: test.example; spf=pass smtp.mailfrom=joe@example.test; "
+                  b'dkim=policy reason="not verified: over %d bytes"; dmarc=pass header.from=example.test'
+                  % VERIFY_MAX)
+    assert mess.endswith(body.replace(b"\r\n", b"\n"))
+
+
+def test_listener_session_worker_keeps_serving(home, keys):
+    """Through qmail-smtpd-listen (which preloads the libraries): a refused message and an
+    accepted one on one connection, then another connection."""
+    import smtplib
+
+    from test_smtpd_support import TIMEOUT, ListenerProcess
+    home.control("dmarcreject", "1\n")
+    env = dict(home.env)
+    env.pop("RELAYCLIENT", None)
+    tampered = keys["rsa"](MESSAGE) + MESSAGE.replace(b"signed", b"changed")
+    with ListenerProcess(home, env=env) as listener:
+        for _ in range(2):
+            with smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT) as c:
+                with pytest.raises(smtplib.SMTPDataError) as refused:
+                    c.sendmail("bounces@other.test", ["ann@test.example"], tampered)
+                assert refused.value.smtp_code == 550
+                assert c.sendmail("bounces@other.test", ["ann@test.example"],
+                                  keys["ed25519"](MESSAGE) + MESSAGE) == {}
+        assert listener.stop() == 0
+    for msg in queued(home):
+        assert b"dkim=pass header.d=example.test header.s=ed1" in msg.mess
+    assert len(queued(home)) == 2
