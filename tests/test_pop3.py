@@ -312,3 +312,21 @@ def test_a_message_without_line_ends_is_sent_in_bounded_memory(mailbox):
     assert f.read() == b"+OK \r\n"
     assert proc.wait(60) == 0
     assert peak_kb < 40000, peak_kb
+
+
+def test_a_fifo_in_the_maildir_reads_as_an_empty_message(mailbox):
+    fifo = os.path.join(mailbox.maildir, "new", "3000.3.test")
+    os.mkfifo(fifo)
+    os.utime(fifo, (3000, 3000))
+    mailbox.chown(fifo)
+    sock, proc = _pop3d(mailbox)
+    sock.settimeout(20)
+    f = sock.makefile("rb")
+    assert f.readline() == b"+OK \r\n"
+    sock.sendall(b"RETR 3\r\nQUIT\r\n")
+    try:
+        assert f.read() == b"+OK \r\n\r\n.\r\n+OK \r\n"     # open() blocked for good before
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

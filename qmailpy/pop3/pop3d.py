@@ -152,7 +152,9 @@ class Session:
         f = None
         for name in _alternatives(self.messages[i]):
             try:
-                f = open(name, "rb")
+                # O_NONBLOCK as qmail's open_read: a FIFO in the Maildir reads as empty
+                # instead of holding the session in open() for good
+                f = open(os.open(name, os.O_RDONLY | os.O_NONBLOCK), "rb")
                 break
             except OSError:
                 continue
