@@ -124,13 +124,22 @@ def load_roles(home):
 
 def _read_roles(path):
     roles = default_roles()
+    # O_NOFOLLOW|O_NONBLOCK, a regular file only: root reads it at every start, and a
+    # single-user home's control/ is its user's (a FIFO there hung root; docs/security.md)
+    import stat
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return roles
     except OSError as e:
         raise PrivError("unable to read %s: %s" % (ROLES_FILE, e.strerror)) from e
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PrivError("unable to read %s: not a regular file" % ROLES_FILE)
+        try:
+            data = f.read()
+        except OSError as e:
+            raise PrivError("unable to read %s: %s" % (ROLES_FILE, e.strerror)) from e
     named = set()
     for line in data.decode("utf-8", "surrogateescape").split("\n"):
         line = line.strip()

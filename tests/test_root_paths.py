@@ -387,3 +387,16 @@ def test_queue_list_waits_on_no_fifo_in_a_queue_files_place(qmail_home):
     except subprocess.TimeoutExpired:
         pytest.fail("root's qmailctl queue list hung on a FIFO at todo/N")
     assert ("todo/%s: not a regular file" % name).encode() in done.stdout + done.stderr, done
+
+
+def test_init_rerun_waits_on_no_fifo_at_control_roles(qmail_home):
+    # without --user, root's init reads control/roles, which a single-user home's user owns
+    roles = os.path.join(qmail_home.path, "control", "roles")
+    proc = as_attacker(qmail_home, "import os, sys; os.unlink(sys.argv[1]); os.mkfifo(sys.argv[1])", roles)
+    assert proc.wait(timeout=30) == 0
+    proc.stdout.close()
+    try:
+        done = qmail_home.run(["qmailctl", "init", "--home", qmail_home.path], timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("root's qmailctl init hung on a FIFO at control/roles")
+    assert done.returncode == 1 and b"control/roles: not a regular file" in done.stderr, done.stderr
