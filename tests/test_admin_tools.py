@@ -281,6 +281,20 @@ def test_maildir2mbox_bad_input_loses_nothing(qmail_home, tmp_path):
     assert open(mbox, "rb").read() == b"untouched\n" and os.path.exists(msg)
 
 
+def test_maildir2mbox_takes_a_fifo_as_an_empty_message(qmail_home, tmp_path):
+    h = qmail_home
+    md = _maildir(str(tmp_path))
+    fifo = os.path.join(md, "new", "1000000000.1.host")
+    os.mkfifo(fifo)
+    os.utime(fifo, (1000000000, 1000000000))
+    mbox = os.path.join(str(tmp_path), "mbox")
+    done = h.run(["maildir2mbox"], env=dict(h.env, MAILDIR=md, MAIL=mbox, MAILTMP=mbox + ".tmp"),
+                 timeout=20)                    # blocked in open() for good before
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert open(mbox, "rb").read() == b"From XXX Sun Sep 09 01:46:40 2001\n\n"
+    assert not os.path.exists(fifo)
+
+
 def test_showctl_knows_every_control_file_the_docs_name():
     """No control file of docs/control-files.md gets "I have no idea what this file does."."""
     from qmailpy.cli.qmail_showctl import QMAIL_FILES, RCPTHOSTS_NAMES, qmailpy_files

@@ -85,7 +85,8 @@ def append_message(put, name, when):
     """Write one message through put (which reports its own write errors)."""
     from qmailpy.local.mbox import is_from
     try:
-        with open(name, "rb") as f:
+        # O_NONBLOCK as qmail's open_read: a FIFO reads as empty, never blocks the move
+        with open(os.open(name, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
             line = f.readline()
             put(from_line(line, line.endswith(b"\n"), when))
             while line:
