@@ -10,6 +10,7 @@ import pytest
 
 from milter_peer import CLOSE, HANG, MilterPeer
 from test_smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess, queued
+from test_smtpd_tls import certs, tls_home  # noqa: F401  (fixtures: a TLS home with checkpassword)
 
 GREETING = b"220 test.example ESMTP\r\n"
 MESSAGE = (b"From: a@b.example\r\nSubject: hi\r\nX-Tag: one\r\nX-Tag: two\r\n\r\n"
@@ -299,3 +300,19 @@ def test_macro_lists_leading_space_and_helo_refusal(qmail_home, milter):
         assert s.reply() == GREETING
         assert s.command(b"HELO bad.example\r\n") == b"550 5.7.1 go away\r\n"
         assert s.command(b"QUIT\r\n") == b"221 test.example\r\n"
+
+
+def test_tls_and_auth_macros(tls_home, certs):
+    from test_smtpd_tls import tls_session
+    with MilterPeer() as peer:
+        tls_home.control("milters", peer.control_line())
+        with tls_session(tls_home, certs, SMTPAUTH="") as s:
+            assert s.command(b"EHLO c.example\r\n").startswith(b"250-")
+            assert s.command(b"AUTH PLAIN AGFsaWNlAHMzY3JldA==\r\n").startswith(b"235 ")
+            assert s.command(b"MAIL FROM:<alice@test.example>\r\n") == b"250 ok\r\n"
+            s.command(b"QUIT\r\n")
+            assert s.close() == 0
+        helo = peer.macros(b"H")
+        assert helo[b"{tls_version}"] in (b"TLSv1.2", b"TLSv1.3") and helo[b"{cipher}"]
+        assert peer.macros(b"M")[b"{auth_authen}"] == b"alice"
+        assert peer.data_of(b"H") == [b"c.example\0", b"c.example\0"]

@@ -270,8 +270,14 @@ class Session:
             self.out += reply
         return reply is not None
 
+    def tls_macros(self):
+        """(version, cipher) for the milters' {tls_version} and {cipher}, or None in clear."""
+        if self.tls is None:
+            return None
+        return self.tls.version().encode(), self.tls.cipher()[0].encode()
+
     def helo(self, arg):
-        if self.milter_refuses("helo", arg):
+        if self.milter_refuses("helo", arg, self.tls_macros()):
             return
         self.greet(b"250 ")
         self.out += b"\r\n"
@@ -279,7 +285,7 @@ class Session:
         self.dohelo(arg)
 
     def ehlo(self, arg):
-        if self.milter_refuses("helo", arg):
+        if self.milter_refuses("helo", arg, self.tls_macros()):
             return
         self.greet(b"250-")
         size = b"250-SIZE %d\r\n" % self.cfg.databytes if self.cfg.databytes else b"250-SIZE\r\n"
