@@ -57,14 +57,18 @@ def qmailpy_files():
     from qmailpy.resolver import CONTROL as DNS_CONTROL, DEFAULT_TIMEOUT as DNS_TIMEOUT, TIMEOUT_CONTROL
     from qmailpy.remote.tls import CONTROL as TLS_CONTROL
     from qmailpy.smtpd.auth import DEFAULT_TIMEOUT as CHECKPASSWORD_TIMEOUT
+    from qmailpy.smtpd.authcheck import CONTROL as AUTHCHECK, DMARC_REJECT, SPF_REJECT
     from qmailpy.smtpd.tls import CERT, DEFAULT_HANDSHAKE_TIMEOUT
     return (
+        ("lst", AUTHCHECK, "No SPF, DKIM or DMARC checks of incoming mail.",
+         "Incoming mail check (an empty file: all three): ", ""),
         ("lst", "checkpassword", "No checkpassword program; SMTP AUTH is not offered.",
          "SMTP AUTH passwords are checked by ", ""),
         ("lst", "concurrencydomains", "No per-domain concurrency limits.", "Concurrency limit: ", ""),
         ("lst", "delaydomains", "No per-domain delivery delays.", "Delivery delay: ", ""),
         ("lst", "dnsbl", "No DNSBL zones are consulted.", "DNSBL zone: ", ""),
         ("lst", "dkimkeys", "No DKIM keys; outgoing mail is not signed.", "DKIM key: ", ""),
+        ("int", DMARC_REJECT, "0", "DMARC fail under p=reject refused is ", " (1: yes)"),
         ("lst", "milters", "No milters; mail from SMTP is not filtered.", "Milter: ", ""),
         ("lst", DNS_CONTROL, "DNS servers are those of /etc/resolv.conf.", "DNS server: ", "."),
         ("int", "localdatabytes", "0", "Local users' message size limit is ", " bytes (0: none)"),
@@ -81,6 +85,7 @@ def qmailpy_files():
         ("exists", CERT, "No certificate; STARTTLS is not offered.",
          "A certificate is present; STARTTLS is offered when qmaild can read it.", ""),
         ("lst", "smtpclients", "No per-client rules for qmail-smtpd-listen.", "SMTP client rule: ", ""),
+        ("int", SPF_REJECT, "0", "SPF fail refused at MAIL is ", " (1: yes)"),
         ("int", "timeoutcheckpassword", str(CHECKPASSWORD_TIMEOUT), "checkpassword timeout is ", " seconds"),
         ("int", TIMEOUT_CONTROL, str(DNS_TIMEOUT), "DNS lookup timeout is ", " seconds"),
         ("int", "timeoutremotesession", "3600", "SMTP client session deadline is ", " seconds"),
