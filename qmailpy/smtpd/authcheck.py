@@ -426,6 +426,12 @@ def value(text):
 
 def preload():
     """Import what the checks need (qmail-smtpd-listen, once for all its session workers)."""
+    import email.utils          # noqa: F401
+    import dns.rdata
+    import dns.rdataclass
+    import dns.rdatatype
+    for rdtype in ("TXT", "A", "AAAA", "MX", "PTR"):     # dnspython loads these at first use
+        dns.rdata.get_rdata_class(dns.rdataclass.IN, dns.rdatatype.from_text(rdtype))
     org_domain_finder()
     import dkim                 # noqa: F401
     import spf                  # noqa: F401
