@@ -24,13 +24,28 @@ def qmail_home(explicit=None):
 def _read(home, name):
     # Plain descriptors, not open(): a session or a queueing worker reads about ten control
     # files per message, and a file object costs more than the open and read themselves.
+    # Root's daemons read here too, and a single-user home's control/ is its user's
+    # (docs/security.md "Root and other accounts' directories"): O_NONBLOCK and fstat, so
+    # a FIFO cannot hang the reader; as root, a symlink only when root made it in a
+    # control/ only root can write (qmailpy.nofollow's rule), else another account could
+    # have root read /etc/shadow as control/me.
+    path = "%s/control/%s" % (home, name)
+    root = os.geteuid() == 0
     try:
-        fd = os.open("%s/control/%s" % (home, name), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_NOFOLLOW if root else 0))
     except OSError as e:
         if e.errno == errno.ENOENT:
             return None
-        raise ControlError("unable to read control/%s: %s" % (name, e.strerror)) from e
+        if not (root and e.errno == errno.ELOOP):
+            raise ControlError("unable to read control/%s: %s" % (name, e.strerror)) from e
+        fd = _open_roots_link(path, name)
+        if fd is None:
+            return None
     try:
+        import stat
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):       # a directory: EISDIR below
+            raise ControlError("unable to read control/%s: not a regular file" % name)
         chunks = []
         while True:
             chunk = os.read(fd, 65536)
@@ -41,6 +56,23 @@ def _read(home, name):
         raise ControlError("unable to read control/%s: %s" % (name, e.strerror)) from e
     finally:
         os.close(fd)
+
+
+def _open_roots_link(path, name):
+    """The descriptor of the file the symlink path names, when root made the link in a
+    directory only root can write (an administrator's control/rcpthosts -> a shared
+    file); None when its target is missing; ControlError otherwise."""
+    try:
+        link = os.lstat(path)
+        directory = os.stat(os.path.dirname(path))
+        if link.st_uid != 0 or directory.st_uid != 0 or directory.st_mode & 0o022:
+            raise ControlError("unable to read control/%s: a symbolic link another account "
+                               "could have made" % name)
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ControlError("unable to read control/%s: %s" % (name, e.strerror)) from e
 
 
 def control_value(home, name, default=None):

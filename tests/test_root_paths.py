@@ -400,3 +400,24 @@ def test_init_rerun_waits_on_no_fifo_at_control_roles(qmail_home):
     except subprocess.TimeoutExpired:
         pytest.fail("root's qmailctl init hung on a FIFO at control/roles")
     assert done.returncode == 1 and b"control/roles: not a regular file" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("what", ["fifo", "symlink"])
+def test_root_reads_no_control_file_through_a_fifo_or_the_users_symlink(qmail_home, victim, what):
+    # every control file root reads (qmail-smtpd-listen's control/me at its start, ...): a
+    # FIFO hung it, a link had root read its own file (as the host name it then announces)
+    me = os.path.join(qmail_home.path, "control", "me")
+    make = "os.mkfifo(sys.argv[1])" if what == "fifo" else "os.symlink(sys.argv[2], sys.argv[1])"
+    proc = as_attacker(qmail_home, "import os, sys; os.unlink(sys.argv[1]); " + make, me, victim)
+    assert proc.wait(timeout=30) == 0
+    proc.stdout.close()
+    try:
+        done = qmail_home.run(["qmail-showctl"], timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("root's qmail-showctl hung on a FIFO at control/me")
+    assert SECRET.strip() not in done.stdout + done.stderr, done.stdout
+    assert done.returncode == 111 and b"Trouble reading control/me." in done.stdout, done.stdout
+    from qmailpy.home import ControlError, control_value
+    why = "not a regular file" if what == "fifo" else "a symbolic link another account could have made"
+    with pytest.raises(ControlError, match="unable to read control/me: " + why):
+        control_value(qmail_home.path, "me")
