@@ -219,10 +219,25 @@ def test_dns_failure_is_temperror_never_a_pass(qmail_home):
         assert time.monotonic() - started < 30
 
 
-def test_relay_clients_are_not_checked(home):
-    mail, data, _ = send(home, b"joe@failing.test", RELAYCLIENT="")
+def test_relay_clients_are_not_checked_but_forged_results_go(home):
+    forged = b"Authentication-Results: test.example; dmarc=pass header.from=failing.test\r\n"
+    mail, data, _ = send(home, b"joe@failing.test", forged + MESSAGE, RELAYCLIENT="")
     assert data.startswith(b"250 ok ")
-    assert results(home)[0] == []
+    fields, mess = results(home)
+    assert fields == []
+    assert mess.endswith(MESSAGE.replace(b"\r\n", b"\n"))
+
+
+def test_signatures_beyond_the_bound_are_not_verified(home, keys):
+    from qmailpy.smtpd.authcheck import MAX_SIGNATURES
+    signed = MESSAGE
+    for _ in range(MAX_SIGNATURES + 2):
+        signed = keys["ed25519"](MESSAGE) + signed
+    mail, data, _ = send(home, b"bounces@other.test", signed)
+    assert data.startswith(b"250 ok ")
+    (ar,), _ = results(home)
+    assert ar.count(b"dkim=pass") == MAX_SIGNATURES
+    assert b'dkim=policy reason="2 signatures after the first %d not verified"' % MAX_SIGNATURES in ar
 
 
 def test_bad_control_is_421(home):

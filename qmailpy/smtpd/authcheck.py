@@ -13,13 +13,14 @@ control/timeoutdns); a lookup that fails temporarily is a temperror, never a pas
 The results go into one Authentication-Results header (RFC 8601) whose authserv-id
 is control/me, put right after qmail-smtpd's Received line; an
 Authentication-Results header that arrives with our authserv-id is removed (it is
-forged). Rejection is the administrator's choice: control/spfreject 1 refuses an
-SPF fail at MAIL (550 #5.7.23), control/dmarcreject 1 refuses a DMARC fail under
-p=reject after DATA (550 #5.7.1); where rejection is asked for, a temperror is a
-451. Otherwise mail is accepted with the results recorded.
+forged), from a relay client's mail too. Rejection is the administrator's choice:
+control/spfreject 1 refuses an SPF fail at MAIL (550 #5.7.23), control/dmarcreject 1
+refuses a DMARC fail under p=reject after DATA (550 #5.7.1); where rejection is
+asked for, a temperror is a 451. Otherwise mail is accepted with the results recorded.
 
 DKIM needs the message whole in memory: messages over VERIFY_MAX bytes are not
-verified (dkim=policy); their DMARC result rests on SPF alone.
+verified (dkim=policy); their DMARC result rests on SPF alone. At most MAX_SIGNATURES
+signatures of a message are verified.
 """
 import socket
 
@@ -30,6 +31,7 @@ SPF_REJECT = "spfreject"
 DMARC_REJECT = "dmarcreject"
 CHECKS = (b"spf", b"dkim", b"dmarc")
 VERIFY_MAX = 10 << 20       # bytes of a message DKIM verifies; larger: dkim=policy
+MAX_SIGNATURES = 8          # DKIM-Signatures verified (each may cost a key lookup); more: policy
 HEADER_MAX = 1 << 20        # bytes of header read to find forged headers and From:
 
 R_SPF_FAIL = b"550 SPF check failed for %s (#5.7.23)\r\n"
@@ -70,6 +72,7 @@ class Checks:
         self.settings = Settings(home)
         self._lookup = None
         self.spf = None             # (result, identity word, identity) of this transaction
+        self.unverified = 0         # DKIM-Signatures of the message beyond MAX_SIGNATURES
         self.log = b""
 
     def lookup(self, name, rdtype):
@@ -147,11 +150,14 @@ class Checks:
         return found
 
     # -- DKIM and DMARC -----------------------------------------------------
-    def after_data(self, spool):
+    def after_data(self, spool, checked=True):
         """(None, write) where write(sink) puts out the spooled message (qmail-smtpd's
         Received line first) with the Authentication-Results header after that line and
-        without forged ones; or (a refusal reply, None)."""
+        without forged ones; or (a refusal reply, None). Unchecked (a relay client's
+        message): only the forged headers are taken out."""
         self.log = b""
+        if not checked:
+            self.spf = None
         try:
             header, rest = _split(spool)
             message = None
@@ -161,11 +167,13 @@ class Checks:
             return R_SPOOL, None
         fields = header_fields(header)
         kept = [f for f in fields if not self._forged(f)]
-        results, refusal = self.evaluate(fields, message)
-        if refusal is not None:
-            return refusal, None
-        added = b"Authentication-Results: " + self.settings.me + b";" + \
-            (b";".join(results) if results else b" none") + b"\n"
+        added = b""
+        if checked:
+            results, refusal = self.evaluate(fields, message)
+            if refusal is not None:
+                return refusal, None
+            added = b"Authentication-Results: " + self.settings.me + b";" + \
+                (b";".join(results) if results else b" none") + b"\n"
         head = b"".join(kept[:1]) + added + b"".join(kept[1:])
 
         def write(sink):
@@ -200,6 +208,9 @@ class Checks:
                     r.encode(), value(d), value(s), value(b[:8])) for r, d, s, b in dkim]
                 if not dkim:
                     results.append(b"\n\tdkim=none")
+                if self.unverified:
+                    results.append(b"\n\tdkim=policy reason=\"%d signatures after the first %d not verified\""
+                                   % (self.unverified, MAX_SIGNATURES))
         if b"dmarc" in checks:
             result, domain, policy = self.dmarc(fields, dkim)
             results.append(b"\n\tdmarc=%s" % result.encode() +
@@ -221,6 +232,7 @@ class Checks:
         logger.propagate = False
         if not logger.handlers:
             logger.addHandler(logging.NullHandler())
+        self.unverified = 0
         crlf = message.replace(b"\n", b"\r\n")
         try:
             d = dkim.DKIM(crlf, logger=logger)
@@ -228,7 +240,8 @@ class Checks:
             return []
         signatures = [v for n, v in d.headers if n.lower() == b"dkim-signature"]
         found = []
-        for idx, sig in enumerate(signatures):
+        self.unverified = max(0, len(signatures) - MAX_SIGNATURES)
+        for idx, sig in enumerate(signatures[:MAX_SIGNATURES]):
             tags = _tags(sig)
             missing = []
 

@@ -555,7 +555,7 @@ class Session:
         if self.milter_refuses("data"):
             self.milters.abort()
             return
-        checks = self.checks if self.cfg.relayclient is None else None
+        checks = self.checks            # (a relay client's message: forged results removed only)
         if self.milters is not None or checks is not None:
             from qmailpy.queue.spool import Spool
             qq = Spool()                # the checks and milters see it before the queue does
@@ -615,7 +615,7 @@ class Session:
         """smtpd/authcheck.py's checks of the spooled message: its reply queued and None, or a
         spool the milters see next (the message queued and None when there are none)."""
         try:
-            refused, write = checks.after_data(spool)
+            refused, write = checks.after_data(spool, checked=self.cfg.relayclient is None)
             if refused is not None:
                 if checks.log:
                     log(b"authcheck: " + checks.log)
