@@ -226,7 +226,7 @@ class Milters:
         self.unavailable = True
         return R_UNAVAILABLE
 
-    def _send_macros(self, m, stage, command, names=None):
+    def _send_macros(self, m, stage, command):
         wanted = m.symlists.get(stage)
         pairs = [(k, v) for k, v in self.macros.items()
                  if (wanted is None and k in _STAGE_MACROS[stage]) or (wanted and k in wanted)]

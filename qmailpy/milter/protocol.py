@@ -1,7 +1,7 @@
 """The milter wire protocol, version 6 (docs/milter.md "Protocol"): packets, codes, one connection.
 
 A packet is a 32-bit big-endian length (of what follows), a command byte and its
-data. Only what a client (the MTA side) needs is here. Imports: os, socket, struct.
+data. Only what a client (the MTA side) needs is here. Imports: socket, struct, time.
 """
 import socket
 import struct
