@@ -298,3 +298,23 @@ def test_listener_session_worker_keeps_serving(home, keys):
     for msg in queued(home):
         assert b"dkim=pass header.d=example.test header.s=ed1" in msg.mess
     assert len(queued(home)) == 2
+
+
+def test_milters_see_the_results(home, keys):
+    """With milters too (docs/milter.md), they see the message with our header added and the
+    forged one gone; the queued message is what they passed."""
+    from milter_peer import MilterPeer
+    peer = MilterPeer()
+    try:
+        home.control("milters", peer.control_line())
+        forged = b"Authentication-Results: test.example; dkim=pass\r\n"
+        mail, data, _ = send(home, b"joe@example.test", forged + keys["rsa"](MESSAGE) + MESSAGE)
+        assert data.startswith(b"250 ok ")
+        names = [h.split(b"\0")[0] for h in peer.data_of(b"L")]
+        seen = [h.split(b"\0")[1] for h in peer.data_of(b"L") if h.startswith(b"Authentication-Results\0")]
+    finally:
+        peer.close()
+    assert names[:3] == [b"Received", b"Authentication-Results", b"DKIM-Signature"]
+    (ar,), _ = results(home)
+    assert len(seen) == 1 and seen[0].replace(b"\r", b"").replace(b"\n\t", b" ") == ar.partition(b": ")[2]
+    assert b"dkim=pass header.d=example.test" in ar and b"dmarc=pass" in ar
