@@ -22,6 +22,12 @@ def qmail_home(explicit=None):
 
 
 def _read(home, name):
+    return control_bytes("%s/control/%s" % (home, name), "control/" + name)
+
+
+def control_bytes(path, label):
+    """The bytes of the control file at path, None when it is missing; ControlError
+    ("unable to read LABEL: why") when it cannot be read."""
     # Plain descriptors, not open(): a session or a queueing worker reads about ten control
     # files per message, and a file object costs more than the open and read themselves.
     # Root's daemons read here too, and a single-user home's control/ is its user's
@@ -29,7 +35,6 @@ def _read(home, name):
     # a FIFO cannot hang the reader; as root, a symlink only when root made it in a
     # control/ only root can write (qmailpy.nofollow's rule), else another account could
     # have root read /etc/shadow as control/me.
-    path = "%s/control/%s" % (home, name)
     root = os.geteuid() == 0
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_NOFOLLOW if root else 0))
@@ -37,15 +42,15 @@ def _read(home, name):
         if e.errno == errno.ENOENT:
             return None
         if not (root and e.errno == errno.ELOOP):
-            raise ControlError("unable to read control/%s: %s" % (name, e.strerror)) from e
-        fd = _open_roots_link(path, name)
+            raise ControlError("unable to read %s: %s" % (label, e.strerror)) from e
+        fd = _open_roots_link(path, label)
         if fd is None:
             return None
     try:
         import stat
         mode = os.fstat(fd).st_mode
         if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):       # a directory: EISDIR below
-            raise ControlError("unable to read control/%s: not a regular file" % name)
+            raise ControlError("unable to read %s: not a regular file" % label)
         chunks = []
         while True:
             chunk = os.read(fd, 65536)
@@ -53,12 +58,12 @@ def _read(home, name):
                 return b"".join(chunks)
             chunks.append(chunk)
     except OSError as e:            # a directory where a file should be: EISDIR
-        raise ControlError("unable to read control/%s: %s" % (name, e.strerror)) from e
+        raise ControlError("unable to read %s: %s" % (label, e.strerror)) from e
     finally:
         os.close(fd)
 
 
-def _open_roots_link(path, name):
+def _open_roots_link(path, label):
     """The descriptor of the file the symlink path names, when root made the link in a
     directory only root can write (an administrator's control/rcpthosts -> a shared
     file); None when its target is missing; ControlError otherwise."""
@@ -66,13 +71,13 @@ def _open_roots_link(path, name):
         link = os.lstat(path)
         directory = os.stat(os.path.dirname(path))
         if link.st_uid != 0 or directory.st_uid != 0 or directory.st_mode & 0o022:
-            raise ControlError("unable to read control/%s: a symbolic link another account "
-                               "could have made" % name)
+            raise ControlError("unable to read %s: a symbolic link another account "
+                               "could have made" % label)
         return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise ControlError("unable to read control/%s: %s" % (name, e.strerror)) from e
+        raise ControlError("unable to read %s: %s" % (label, e.strerror)) from e
 
 
 def control_value(home, name, default=None):
