@@ -12,7 +12,7 @@ from test_delivery_local import maildir_messages, queue, wait_maildir
 
 MARKER = b"X-REFUSE-ME-PLEASE"
 
-def scanner(home, refuse_all=False):
+def scanner(home, refuse_all=False, refusal="exit 31"):
     path = os.path.join(home.path, "scanner")
     qmail_queue = shutil.which("qmail-queue", path=home.env["PATH"])
     with open(path, "w") as f:
@@ -21,19 +21,19 @@ def scanner(home, refuse_all=False):
                 'tmp=$(mktemp) || exit 53\n'
                 'cat > "$tmp" || exit 54\n'
                 '%s\n'
-                'grep -q %s "$tmp" && { rm -f "$tmp"; exit 31; }\n'
+                'grep -q %s "$tmp" && { rm -f "$tmp"; %s; }\n'
                 'exec 0< "$tmp"\n'
                 'rm -f "$tmp"\n'
                 "exec %s\n" % ('rm -f "$tmp"; exit 31' if refuse_all else ":",
-                               MARKER.decode(), qmail_queue))
+                               MARKER.decode(), refusal, qmail_queue))
     os.chmod(path, stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
     return path
 
 
-def run_bounce(home, refuse_all=False):
+def run_bounce(home, refuse_all=False, refusal="exit 31"):
     users = LocalUsers(home)
     bench = users.add("bench")
-    daemons = Daemons(home, env=dict(home.env, QMAILQUEUE=scanner(home, refuse_all)))
+    daemons = Daemons(home, env=dict(home.env, QMAILQUEUE=scanner(home, refuse_all, refusal)))
     try:
         daemons.start()
         daemons.wait_line(r"^status: ")
@@ -66,3 +66,14 @@ def test_a_bounce_refused_even_without_its_copy_is_discarded(qmail_home):
     assert len(refused) == 2 and refused[1].endswith("; discarding it"), lines
     assert not [l for l in lines if "trouble injecting bounce" in l], lines
     assert maildir_messages(os.path.join(bench, "Maildir")) == []
+
+
+def test_a_refusal_text_of_several_lines_stays_on_the_warning_line(qmail_home):
+    """A scanner's own text (exit 82, the text on fd 6) may hold line ends: the warning
+    that quotes it must not become several log lines (here, a forged 'status:' line)."""
+    lines, got, _ = run_bounce(qmail_home, refusal=r"printf 'Dinfected\nstatus: forged\n' >&6; exit 82")
+    assert not [l for l in lines if l.startswith("status: forged")], lines
+    [refused] = [l for l in lines if "permanently refused" in l]
+    assert "permanently refused (infected/status: forged/); sending it without" in refused, lines
+    [bounce] = got
+    assert MARKER not in bounce

@@ -618,12 +618,13 @@ class QmailSend:
             self.warn("trouble injecting bounce message, will try later")
             return None
         # Not in qmail, which retries for ever: the same bounce would be refused again.
+        # The text may be a qmail-queue replacement's own (exit 82): one log line all the same.
+        text = result.text.replace(b"\n", b"/")
         if refusal is None:
             self.warn(b"bounce message for msg %d permanently refused (%s); sending it without"
-                      b" the copy of the message" % (n, result.text))
-            return self._queue_bounce(n, base, envelope, notes, result.text)
-        self.warn(b"bounce message for msg %d permanently refused (%s); discarding it"
-                  % (n, result.text))
+                      b" the copy of the message" % (n, text))
+            return self._queue_bounce(n, base, envelope, notes, text)
+        self.warn(b"bounce message for msg %d permanently refused (%s); discarding it" % (n, text))
         return _DISCARDED
 
     # -- todo scans -----------------------------------------------------------------
