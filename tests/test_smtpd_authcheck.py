@@ -209,8 +209,9 @@ def test_dns_failure_is_temperror_never_a_pass(qmail_home):
         assert ar.startswith(b"Authentication-Results: test.example; spf=temperror")
         assert ar.endswith(b"dmarc=temperror header.from=example.test")
         qmail_home.control("spfreject", "1\n")
-        mail, _, _ = send(qmail_home, b"joe@example.test")
+        mail, _, stderr = send(qmail_home, b"joe@example.test")
         assert mail == b"451 temporary SPF lookup error for example.test (#4.7.24)\r\n"
+        assert b"qmail-smtpd: authcheck: spf temperror: joe@example.test from 192.0.2.7: " in stderr
         qmail_home.control("spfreject", "0\n")
         qmail_home.control("dmarcreject", "1\n")
         mail, data, _ = send(qmail_home, b"joe@example.test")

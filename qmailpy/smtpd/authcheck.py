@@ -96,6 +96,7 @@ class Checks:
     def at_mail(self, ip, mailfrom, helo):
         """SPF of the transaction; a refusal reply, or None to go on."""
         self.spf = None
+        self.log = b""
         if b"spf" not in self.settings.checks:
             return None
         if mailfrom:
@@ -105,12 +106,10 @@ class Checks:
         result, reason = self.spf_result(ip, mailfrom, helo)
         self.spf = (result, word, identity)
         shown = safe(identity.rpartition(b"@")[2] or b"unknown")
-        if self.settings.spf_reject:
-            if result == "fail":
-                self.log = b"spf fail: %s from %s: %s" % (safe(identity), ip, safe(reason.encode()))
-                return R_SPF_FAIL % shown
-            if result == "temperror":
-                return R_SPF_TEMP % shown
+        if self.settings.spf_reject and result in ("fail", "temperror"):
+            self.log = b"spf %s: %s from %s: %s" % (result.encode(), safe(identity), ip,
+                                                    safe(reason.encode("utf-8", "replace"), 32))
+            return (R_SPF_FAIL if result == "fail" else R_SPF_TEMP) % shown
         return None
 
     def spf_result(self, ip, mailfrom, helo):
@@ -220,6 +219,7 @@ class Checks:
                     self.log = b"dmarc fail: %s under p=reject" % safe(domain.encode())
                     return [], R_DMARC_FAIL % safe(domain.encode())
                 if result == "temperror":
+                    self.log = b"dmarc temperror: %s" % safe(domain.encode())
                     return [], R_DMARC_TEMP % safe(domain.encode())
         return results, None
 
@@ -424,9 +424,9 @@ def from_domain(fields):
     return domain or None
 
 
-def safe(text):
-    """Printable ASCII only (for replies and log lines)."""
-    return bytes(ch if 33 <= ch < 127 else 0x3F for ch in text)[:200]
+def safe(text, low=33):
+    """Printable ASCII only (for replies and log lines); low=32 keeps spaces."""
+    return bytes(ch if low <= ch < 127 else 0x3F for ch in text)[:200]
 
 
 def value(text):
