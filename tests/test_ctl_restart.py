@@ -4,9 +4,12 @@ stops nothing it did not start. `stat` exits 1 while a daemon is down. A log tha
 its first line does not fail a start."""
 import os
 import re
+import shutil
 import signal
 import smtplib
 import subprocess
+import sys
+import tempfile
 
 import psutil
 import pytest
@@ -138,3 +141,31 @@ def test_stop_by_an_account_that_may_not_signal_says_so(qmail_home):
         assert ctl(qmail_home, "stat").returncode == 0           # nothing was stopped
     finally:
         assert ctl(qmail_home, "stop").returncode == 0
+
+
+def test_root_neither_stops_nor_adopts_another_accounts_look_alike(qmail_home, tmp_path):
+    # Any user can run a Python script named qmail-send with QMAILHOME set to the home;
+    # root reads every process's environment, so only the account a daemon runs as marks it
+    if os.geteuid() != 0:
+        pytest.skip("needs root: only root reads another account's environment")
+    base = tempfile.mkdtemp(prefix="lookalike")
+    try:
+        os.chmod(base, 0o755)
+        script = os.path.join(base, "qmail-send")
+        with open(script, "w") as f:
+            f.write("import sys\nsys.stdin.read()\n")
+        os.chmod(script, 0o755)
+        fake = subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE, user="daemon",
+                                group="daemon", extra_groups=[], cwd="/",
+                                env=dict(qmail_home.env, QMAILHOME=os.path.abspath(qmail_home.path)))
+        try:
+            stat = ctl(qmail_home, "stat")
+            assert stat.returncode == 1 and b"qmail-send: not running" in stat.stdout, stat.stdout
+            stop = ctl(qmail_home, "stop")
+            assert stop.returncode == 0 and b"nothing is running" in stop.stdout, stop
+            assert fake.poll() is None                  # not signalled
+        finally:
+            fake.stdin.close()
+            assert fake.wait(timeout=30) == 0
+    finally:
+        shutil.rmtree(base)

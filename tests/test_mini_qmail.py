@@ -71,3 +71,34 @@ def test_mini_refuses_names_and_a_home_with_a_queue(tmp_path, qmail_home):
     done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "qmailctl"), "init", "--home",
                            qmail_home.path, "--mini", "127.0.0.1"], capture_output=True)
     assert done.returncode == 1 and b"has a queue" in done.stderr
+
+
+def test_check_start_and_stat_know_a_mini_qmail_home(tmp_path):
+    # no queue, no accounts, no daemons: check looks at what a null client has, start and
+    # stat say there is nothing to run (exit 0), and a listener is refused (nothing to feed)
+    mini = make_mini(tmp_path, "127.0.0.1")
+    qmailctl = os.path.join(os.path.dirname(sys.executable), "qmailctl")
+
+    def run(*args):
+        return subprocess.run([qmailctl, args[0], "--home", mini, *args[1:]], capture_output=True, timeout=60)
+
+    check = run("check")
+    assert (check.returncode, check.stdout) == (0, b""), check.stdout.decode()
+    start = run("start")
+    assert start.returncode == 0 and b"nothing to start" in start.stdout, start
+    assert not os.path.exists(os.path.join(mini, "log"))
+    stat = run("stat")
+    assert stat.returncode == 0 and b"mini-qmail home" in stat.stdout and b": 127.0.0.1\n" in stat.stdout, stat
+    listen = run("start", "--smtp", "127.0.0.1:%d" % dead_port())
+    assert listen.returncode == 1 and b"need a queue" in listen.stderr, listen
+    assert run("stop").returncode == 0
+
+    with open(os.path.join(mini, "control", "qmqpservers"), "w") as f:
+        f.write("hub.example.com\n")
+    os.chmod(os.path.join(mini, "control", "me"), 0o666)
+    check = run("check")
+    assert check.returncode == 1
+    assert check.stdout.decode().splitlines() == [
+        "control/qmqpservers: hub.example.com is not an IP address (qmail-qmqpc skips it)",
+        "control/qmqpservers: names no hub: qmail-queue can hand no message on",
+        "control/me: mode 0666 is writable by group or others (fix: chmod go-w control/me)"]

@@ -1,4 +1,5 @@
 """qmailctl check: compare a home with queue-layout/layout.conf; print every discrepancy.
+A mini-qmail home (no queue) is checked for what it has instead (mini_problems).
 
 Exit 0 when the home matches, 1 when anything differs (one line per
 discrepancy on stdout), 2 when the layout itself cannot be read.
@@ -74,14 +75,40 @@ PRIVATE_DIRS = ("log",)
 SECRET_CONTROL = ("servercert.pem",)
 
 
-def trusted_file_problems(home, roles):
+def mini_problems(home, check_owners=True):
+    """A mini-qmail home (qmailctl init --mini) has no queue, accounts or daemons:
+    control/me, hubs in control/qmqpservers that qmail-qmqpc can use, bin/qmail-queue,
+    and control/ owned by root or the home's owner and writable by nobody else."""
+    from qmailpy import privs
+    from qmailpy.home import BIN, control_list
+    from qmailpy.queue.qmqpc import parse_server
+    problems = []
+    if not os.path.isfile(os.path.join(home, "control", "me")):
+        problems.append("control/me: missing (every program needs this host's name)")
+    hubs = control_list(home, "qmqpservers", [])
+    for hub in hubs:
+        if parse_server(hub) is None:
+            problems.append("control/qmqpservers: %s is not an IP address (qmail-qmqpc skips it)"
+                            % hub.decode("utf-8", "replace"))
+    if not any(parse_server(hub) for hub in hubs):
+        problems.append("control/qmqpservers: names no hub: qmail-queue can hand no message on")
+    if not os.access(os.path.join(home, BIN, "qmail-queue"), os.X_OK):
+        problems.append("%s/qmail-queue: missing (qmailctl init --mini writes it)" % BIN)
+    if check_owners:
+        problems += trusted_file_problems(home, privs.load_roles(home), {0, os.stat(home).st_uid})
+    return problems
+
+
+def trusted_file_problems(home, roles, owners=None):
     """Every file in control/ and users/ owned by root (or the one account of a
-    single-user home) and writable by nobody else; every log neither world-readable
-    nor writable by others. A symbolic link is judged by the file it names."""
+    single-user home; or owners, when given) and writable by nobody else; every log
+    neither world-readable nor writable by others. A symbolic link is judged by the
+    file it names."""
     import stat
     from qmailpy import privs
-    single = privs.single_user(roles)
-    owners = {0} | ({privs.uid_of_name(single)} if single else set())
+    if owners is None:
+        single = privs.single_user(roles)
+        owners = {0} | ({privs.uid_of_name(single)} if single else set())
     problems = []
     for directory in TRUSTED_DIRS + PRIVATE_DIRS:
         base = os.path.join(home, directory)
@@ -125,8 +152,12 @@ def run(args):
     if not os.path.isdir(home):
         print("%s: not a directory" % home)
         return 1
+    from qmailpy.home import mini_queue
     try:
-        problems = problems_of(home, not args.no_owners)
+        if mini_queue(home) is not None:
+            problems = mini_problems(home, not args.no_owners)
+        else:
+            problems = problems_of(home, not args.no_owners)
     except (layout.LayoutError, privs.PrivError, OSError) as e:
         print("qmailctl check: %s" % e, file=sys.stderr)
         return 2

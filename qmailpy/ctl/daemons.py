@@ -16,11 +16,15 @@ start   runs `qmail-start DEFAULTDELIVERY` in the background. qmail-send's log
         Start may be run again at any time (after a crash, from cron): it starts
         only what is missing and says what already runs, finding a daemon of the
         home by its pid file or, when that is gone, by its command line and
-        environment (QMAILHOME; SMTPAUTH=! for the submission listener). When
+        environment (QMAILHOME; SMTPAUTH=! for the submission listener), and
+        only a process running as root, the caller or the daemon's own account
+        (trusted_uids: anyone can fake a command line and environment). When
         something fails to start it stops what this call started and nothing else.
 stop    SIGTERM to qmail-send (and the SMTP listeners), then waits until they
         and qmail-send's helpers are gone; then stops qmail-qmqpd.
 stat    the daemons (psutil) and the queue counts; exit 1 when one is down.
+        A mini-qmail home (qmailctl init --mini) runs no daemons: start (without
+        --smtp or --submission, which need a queue) and stat say so and exit 0.
 doqueue SIGALRM: every queued message is retried now.
 reload  SIGHUP: qmail-send rereads locals and virtualdomains.
 queue   qmail-qread, then qmail-qstat.
@@ -100,17 +104,18 @@ class Daemon:
     pid file in HOME/log, the log line that says it is up, and for the two listeners
     whether it is the submission one (SMTPAUTH=! in its environment)."""
 
-    def __init__(self, label, program, logname, pidname, ready, submission=None):
+    def __init__(self, label, program, logname, pidname, ready, role, submission=None):
         self.label, self.program, self.logname, self.pidname = label, program, logname, pidname
-        self.ready, self.submission = ready, submission
+        self.ready, self.role, self.submission = ready, role, submission
 
 
-QMQPD = Daemon("qmail-qmqpd", "qmail-qmqpd", QMQPD_LOG, QMQPD_PID, b"listening on")
-SEND = Daemon("qmail-send", "qmail-send", SEND_LOG, SEND_PID, b"status: local")
+# role: the account the daemon switches to once started by root (privs.become, smtpd.privileges.drop)
+QMQPD = Daemon("qmail-qmqpd", "qmail-qmqpd", QMQPD_LOG, QMQPD_PID, b"listening on", "qmailq")
+SEND = Daemon("qmail-send", "qmail-send", SEND_LOG, SEND_PID, b"status: local", "qmails")
 SMTPD = Daemon("qmail-smtpd-listen (smtp)", "qmail-smtpd-listen", SMTPD_LOG, SMTPD_PID,
-               b"listening on", submission=False)
+               b"listening on", "qmaild", submission=False)
 SUBMISSION = Daemon("qmail-smtpd-listen (submission)", "qmail-smtpd-listen", SUBMISSION_LOG,
-                    SUBMISSION_PID, b"listening on", submission=True)
+                    SUBMISSION_PID, b"listening on", "qmaild", submission=True)
 DAEMONS = (QMQPD, SEND, SMTPD, SUBMISSION)
 
 
@@ -124,13 +129,29 @@ def _names_program(cmdline, program):
     return os.path.basename(script) == program
 
 
-def _is(proc, daemon, home, unreadable_env_ok):
-    """True when proc is daemon of this home. Its environment says which home
-    (QMAILHOME) and which listener (SMTPAUTH); another account's environment cannot be
-    read: then proc counts only when unreadable_env_ok (its pid came from our pid file)."""
+def trusted_uids(home):
+    """{role: the uids a process of that role's daemon may run as}: root (before the
+    switch), the role's account, and the caller. Any other account could have given its
+    own process the daemon's command line and QMAILHOME (and rewrite them at will): root
+    must neither signal nor adopt a process another account controls."""
+    from qmailpy import privs
+    try:
+        uids = privs.role_uids(home, {d.role for d in DAEMONS})
+    except (OSError, privs.PrivError):
+        uids = {}
+    return {d.role: {0, os.geteuid()} | ({uids[d.role]} if d.role in uids else set()) for d in DAEMONS}
+
+
+def _is(proc, daemon, home, unreadable_env_ok, trusted):
+    """True when proc is daemon of this home. Every uid of it (real, effective, saved)
+    must be one of trusted[daemon.role]. Its environment says which home (QMAILHOME) and
+    which listener (SMTPAUTH); another account's environment cannot be read: then proc
+    counts only when unreadable_env_ok (its pid came from our pid file)."""
     import psutil
     try:
         if proc.status() == psutil.STATUS_ZOMBIE or not _names_program(proc.cmdline(), daemon.program):
+            return False
+        if not set(proc.uids()) <= trusted[daemon.role]:
             return False
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
@@ -147,20 +168,22 @@ def _is(proc, daemon, home, unreadable_env_ok):
     return daemon.submission is None or (env.get("SMTPAUTH") == "!") == daemon.submission
 
 
-def find(home, daemon, everyone=None):
+def find(home, daemon, everyone=None, trusted=None):
     """The running daemon of this home: the process its pid file names, else one found
-    among every process (a pid file removed, or a start that lost track of it)."""
+    among every process (a pid file removed, or a start that lost track of it); only
+    a process of an account trusted_uids allows."""
     import psutil
+    trusted = trusted or trusted_uids(home)
     pid = _read_pid(home, daemon.pidname)
     if pid is not None:
         try:
             proc = psutil.Process(pid)
-            if _is(proc, daemon, home, True):
+            if _is(proc, daemon, home, True, trusted):
                 return proc
         except psutil.NoSuchProcess:
             pass
     for proc in (everyone if everyone is not None else psutil.process_iter()):
-        if proc.pid != os.getpid() and _is(proc, daemon, home, False):
+        if proc.pid != os.getpid() and _is(proc, daemon, home, False, trusted):
             return proc
     return None
 
@@ -169,7 +192,8 @@ def find_all(home):
     """{daemon: process or None} for every daemon, with one walk of the process table."""
     import psutil
     everyone = list(psutil.process_iter())
-    return {daemon: find(home, daemon, everyone) for daemon in DAEMONS}
+    trusted = trusted_uids(home)
+    return {daemon: find(home, daemon, everyone, trusted) for daemon in DAEMONS}
 
 
 def running_send(home):
@@ -315,10 +339,23 @@ def _stop_spawned(proc, writer):
             child.wait()
 
 
+def _mini(home):
+    """True when home is a mini-qmail home (qmailctl init --mini): no queue, no daemons."""
+    from qmailpy.home import mini_queue
+    return mini_queue(home) is not None
+
+
+MINI_SAYS = ("%s is a mini-qmail home: no queue and no daemons; qmail-queue hands each message"
+             " to the hubs in control/qmqpservers")
+
+
 def _not_a_home(home):
     """True (after saying so on stderr) when home has no queue/ or control/me."""
     if os.path.isdir(os.path.join(home, "queue")) and os.path.isfile(os.path.join(home, "control", "me")):
         return False
+    if _mini(home):
+        print("qmailctl: " + MINI_SAYS % home, file=sys.stderr)
+        return True
     print("qmailctl: %s is not a qmail home (make one with: qmailctl init --home %s)" % (home, home),
           file=sys.stderr)
     return True
@@ -360,6 +397,13 @@ def start(args):
     """Start what is missing, say what already runs; on a failure, stop only what this
     call started: a start run again after a crash never takes down a healthy daemon."""
     home = _home(args)
+    if _mini(home):
+        if args.smtp or args.submission:
+            print("qmailctl: --smtp and --submission need a queue to feed: " + MINI_SAYS % home,
+                  file=sys.stderr)
+            return 1
+        print("qmailctl: nothing to start: " + MINI_SAYS % home)
+        return 0
     if _not_a_home(home):
         return 1
     try:
@@ -528,6 +572,11 @@ def stat(args):
     qmail-qmqpd is down, or a listener whose pid file remains (it was started and has
     not been stopped) is gone."""
     home = _home(args)
+    if _mini(home):
+        from qmailpy.home import control_list
+        print(MINI_SAYS % home + ": " + " ".join(
+            hub.decode("utf-8", "replace") for hub in control_list(home, "qmqpservers", [])))
+        return 0
     if _not_a_home(home):
         return 1
     running = find_all(home)
