@@ -56,6 +56,9 @@ TRANSITIONS = {
     # qmail-clean removes mess/S/n (log: a FINISH); no end msg is logged
     (S5, S1): ("qmail-send", "delete: unlink channel files, bounce, info; qmail-clean unlinks mess"),
     (HELD, S1): ("qmail-send", "delete a held message, as from S5"),
+    # a message not preprocessed (one qmail-send set aside, or any while qmail-send is
+    # down: qmailctl does it): todo/ and intd/ unlinked, then mess/ (log: a FINISH)
+    (S4, S1): ("qmail-send", "delete a queued message: unlink todo, intd, mess (log: a FINISH)"),
 }
 
 # Moves that stay in one state but change its files (preprocessing redone after
@@ -99,11 +102,13 @@ LOG_EVENT_TRANSITIONS = {
     "release msg": (HELD, S5),
     "requeue msg": (S5, S5),      # a held message is released first (its own line)
     "bounce now msg": (S5, S5),   # pending recipients failed; bounce msg and end msg follow
-    "delete msg": (S5, S1),       # terminal: no end msg follows (from HELD too: DELETE_FROM)
+    "delete msg": (S5, S1),       # terminal: no end msg follows (from HELD or S4 too: DELETE_FROM)
+    "set aside": (S4, S4),        # qmail-send cannot record it: it stays queued (docs/qmail-send.md "Messages set aside")
 }
 
-# A delete may also end a held message.
-DELETE_FROM = (S5, HELD)
+# A delete may also end a held message, or a queued one never preprocessed (set aside,
+# or deleted by qmailctl while qmail-send was down).
+DELETE_FROM = (S5, HELD, S4)
 
 
 def classify(present):

@@ -41,7 +41,8 @@ _KNOWN_STARTS = ("status:", "new msg", "info msg", "starting delivery", "deliver
 # logline kinds of qmailctl queue's lines -> event kinds
 COMMAND_KINDS = {"hold msg": "hold", "release msg": "release", "requeue msg": "requeue",
                  "delete msg": "delete"}
-MESSAGE_KINDS = ("new", "info", "start", "bounce", "triple", "end", "bouncenow") + tuple(COMMAND_KINDS.values())
+MESSAGE_KINDS = ("new", "info", "start", "bounce", "triple", "end", "bouncenow",
+                 "setaside") + tuple(COMMAND_KINDS.values())
 _JOURNAL_MARKER = re.compile(r"-- (No entries|Boot [0-9a-f]+|Reboot|Logs begin at .*|"
                              r"Journal begins at .*|Journal started|Journal stopped) --$")
 

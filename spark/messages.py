@@ -32,7 +32,11 @@ ABSENT = next(s for s in states.STATES if not any(states.PRESENCE[s].values()))
 EVENT_NAMES = {"new": "new msg", "info": "info msg", "start": "starting delivery",
                "result": "delivery", "bounce": "bounce msg", "triple": "triple bounce",
                "end": "end msg", "hold": "hold msg", "release": "release msg",
-               "requeue": "requeue msg", "delete": "delete msg", "bouncenow": "bounce now msg"}
+               "requeue": "requeue msg", "delete": "delete msg", "bouncenow": "bounce now msg",
+               "setaside": "set aside"}
+# lines that may be the first of a message qmail-send never preprocessed (docs/qmail-send.md
+# "Messages set aside"; a delete by qmailctl while qmail-send is down): it moves S4 -> S1
+QUEUED_KINDS = ("setaside", "delete")
 BIRTH_MATCH = 2.0              # seconds between a `new msg` line and info/ mtime
 
 # qmail-send's retry schedule (docs/qmail-send.md "Scheduling and retries"; send/schedule.py's SKIP:
@@ -304,6 +308,15 @@ def process_group(host, n, items, ctx):
             continue
         if occ is None:
             open_occurrence(seq, when, kind)
+        elif occ.ended and kind in QUEUED_KINDS:
+            # a new message on an ended one's number, queued and never preprocessed (no
+            # new msg): set aside, or deleted by qmailctl while qmail-send was down
+            occ = Occurrence(n, when, states.S4, True)
+            occs.append(occ)
+            check(occ, seq, when, kind)
+            if kind == "delete":
+                occ.end_time, occ.end_seq = when, seq
+            continue
         elif occ.ended:
             if kind == "start":
                 out.append(finding(host, n, occ.birth, "delivery-after-end", when,

@@ -147,6 +147,31 @@ def test_held_and_deleted_messages_are_not_violations():
     assert _kinds(rows) == ["delivery-after-end"]
 
 
+def test_a_queued_message_set_aside_or_deleted_moves_s4_to_s1():
+    """A message qmail-send never preprocessed (docs/qmail-send.md "Messages set aside"), or
+    one qmailctl deleted while qmail-send was down, is deleted from S4, not from S5."""
+    rows = _run(_log("warning: msg 9: set aside: too big", "warning: msg 9: set aside: too big",
+                     "delete msg 9"))
+    assert _kinds(rows) == []
+    moves = [(t[1][5], t[1][6], t[1][8], t[1][9]) for t in rows if t[0] == "tr"]
+    assert moves == [("set aside", None, states.S4, True), ("set aside", states.S4, states.S4, True),
+                     ("delete msg", states.S4, states.S1, True)]
+    # a new message on the number of one that ended, deleted before preprocessing
+    rows = _run(_log("new msg 9", "info msg 9: bytes 1 from <a@b> qp 9 uid 0", "end msg 9",
+                     "delete msg 9", "warning: msg 9: set aside: too big", "delete msg 9"))
+    assert _kinds(rows) == []
+    moves = [(t[1][5], t[1][6], t[1][8], t[1][9]) for t in rows if t[0] == "tr"][-3:]
+    assert moves == [("delete msg", states.S4, states.S1, True), ("set aside", states.S4, states.S4, True),
+                     ("delete msg", states.S4, states.S1, True)]
+    occs = [r[1] for r in rows if r[0] == "occ"]
+    assert [(o[9], o[-1]) for o in occs] == [(True, states.S1)] * 3
+    # a preprocessed message is never set aside
+    rows = _run(_log("new msg 9", "info msg 9: bytes 1 from <a@b> qp 9 uid 0",
+                     "starting delivery 1: msg 9 to remote x@y", "delivery 1: deferral: later/",
+                     "warning: msg 9: set aside: too big", "delete msg 9"))
+    assert _kinds(rows) == ["illegal-transition"]
+
+
 def test_lifetime_never_ended_and_snapshot_cross_checks():
     # queuelifetime 100: remote passes at 0, 400 (dying), ...; grace 10 s
     ctx = messages.HostContext(log_start=T0, log_end=T0 + 2000, log_end_exiting=True,

@@ -17,6 +17,7 @@ the pipe fills and the daemon waits on its next log line: qmail-send stops
 rather than deliver mail its log would not record.
 """
 import calendar
+import fcntl
 import os
 import time
 
@@ -115,18 +116,29 @@ class RotatingLog:
     descriptor: `qmailctl start` runs the writer as root, and in a single-user home
     the directory above log/ is the user's (docs/security.md "Root and other accounts'
     directories"). A symlink, FIFO or linked file in the log's place is refused
-    (qmailpy.nofollow) and, like a full disk, tried again every PAUSE seconds."""
+    (qmailpy.nofollow) and, like a full disk, tried again every PAUSE seconds; with
+    wait=False an open that fails raises instead (qmailctl's own lines, append()).
 
-    def __init__(self, path, size=DEFAULT_SIZE, count=DEFAULT_COUNT):
+    More than one writer may append to one log: a supervised writer and qmailctl's
+    `delete` while qmail-send is down (queueoffline.py). Each holds an exclusive
+    flock on the log directory while it appends and rotates, and then first takes up
+    the file as the others left it (rotated: the new NAME.log; its length)."""
+
+    def __init__(self, path, size=DEFAULT_SIZE, count=DEFAULT_COUNT, wait=True):
         self.path, self.size, self.count = path, size, count
+        self._try = persist if wait else (lambda operation: operation())
         self.logdir, self.name = os.path.split(path)
         parent, base = os.path.split(os.path.abspath(self.logdir))
-        self.dfd = persist(lambda: nofollow.open_path(parent, base))
-        self._open()
+        self.dfd = self._try(lambda: nofollow.open_path(parent, base))
+        try:
+            self._open()
+        except BaseException:
+            os.close(self.dfd)
+            raise
 
     def _open(self):
-        self.fd = persist(lambda: nofollow.open_file(self.name, self.dfd, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-                                                     mode=LOG_MODE))
+        self.fd = self._try(lambda: nofollow.open_file(self.name, self.dfd,
+                                                       os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode=LOG_MODE))
         st = os.fstat(self.fd)
         if st.st_uid == os.geteuid() and st.st_mode & 0o777 != LOG_MODE:
             os.fchmod(self.fd, LOG_MODE)     # an older, world-readable log
@@ -135,6 +147,27 @@ class RotatingLog:
     def write_lines(self, lines):
         """Append whole lines (each ending in a newline), rotating between lines so
         no file passes the size limit unless one line alone does."""
+        fcntl.flock(self.dfd, fcntl.LOCK_EX)
+        try:
+            self._take_up()
+            self._write_lines(lines)
+        finally:
+            fcntl.flock(self.dfd, fcntl.LOCK_UN)
+
+    def _take_up(self):
+        """The file another writer may have appended to or rotated since our last lines."""
+        st = os.fstat(self.fd)
+        try:
+            now = os.stat(self.name, dir_fd=self.dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            os.close(self.fd)
+            self._open()
+        else:
+            self.length = st.st_size
+
+    def _write_lines(self, lines):
         batch, batch_length = [], 0
         for line in lines:
             if self.length + batch_length + len(line) > self.size and self.length + batch_length:
@@ -223,12 +256,32 @@ def write_log(path, infd=0, size=DEFAULT_SIZE, count=DEFAULT_COUNT, control=None
             new = live.changed() if live else None
             if new:
                 out.size, out.count = new
-            stamp = iso_now().encode() + b" "
-            out.write_lines([stamp + line + b"\n" for line in lines])
+            out.write_lines(stamped(lines))
     if pending:
-        out.write_lines([iso_now().encode() + b" " + pending + b"\n"])
+        out.write_lines(stamped([pending]))
     out.close()
     return 0
+
+
+def stamped(lines):
+    """Lines (without their newlines) as the log holds them: each after the time now."""
+    stamp = iso_now().encode() + b" "
+    return [stamp + line + b"\n" for line in lines]
+
+
+def open_for_append(home, name):
+    """HOME/log/NAME (log/ made if missing) opened for qmailctl's own lines (limits from control/), beside the
+    writer that may be appending to it: RotatingLog.write_lines(stamped(lines)). OSError
+    (nofollow.Refused included) at once when it cannot be opened."""
+    size, count = limits(home)
+    hfd = nofollow.open_home(home)
+    try:
+        os.mkdir("log", 0o755, dir_fd=hfd)           # as qmailctl start makes it
+    except FileExistsError:
+        pass
+    finally:
+        os.close(hfd)
+    return RotatingLog(os.path.join(home, "log", name), size, count, wait=False)
 
 
 def main(argv):

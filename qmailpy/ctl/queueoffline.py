@@ -10,9 +10,14 @@ the accounts qmail-start gives them (root never works by path in the queue): it 
 qmail-clean (as qmailq, for todo/, intd/ and mess/) and does qmail-send's part itself
 (as qmails, for everything else, the mutex first): the backend's startup
 (recovery, on the log backend), take(), and delete() or delete_queued() for each
-message, then commit(). Nothing is logged to qmail-send's log; qmailctl prints one
-line per message as for the command channel.
+message, then commit(). qmailctl prints one line per message as for the command
+channel, and logs `delete msg N` (logline.command_msg, qmail-send's own line) for each
+message deleted in qmail-send's log, HOME/log/qmail-send.log, as the log writer does
+(logwriter.RotatingLog: stamped, rotated, under the log directory's lock that a
+supervised writer takes too). The log is opened before anything is deleted: when it
+cannot be, nothing is (qmail-send too stops rather than act unlogged).
 """
+import contextlib
 import fcntl
 import os
 import sys
@@ -24,8 +29,16 @@ EXIT_SEND_RUNNING = 3          # the worker's exit: a qmail-send holds the mutex
 
 
 def lock_send(queue):
-    """lock/sendmutex held exclusively (its descriptor), or None while a qmail-send holds it."""
-    fd = os.open(os.path.join(queue, "lock", "sendmutex"), os.O_WRONLY | os.O_CLOEXEC)
+    """lock/sendmutex held exclusively (its descriptor), or None while a qmail-send holds it.
+    Opened through queue/lock's descriptor (qmailpy.nofollow): lock/ is qmailq's, and a
+    FIFO planted as sendmutex would hold an open for writing until a reader came, a
+    symlink would have it open another file; either is nofollow.Refused."""
+    from qmailpy import nofollow
+    lock = nofollow.open_path(queue, "lock")
+    try:
+        fd = nofollow.open_file("sendmutex", lock, os.O_WRONLY)
+    finally:
+        os.close(lock)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -63,15 +76,33 @@ def run(args):
     wanted = queuefilter.from_args(args)
     if wanted.numbers is None and not any(getattr(wanted, f) is not None for f in queueact._FILTERS):
         return None                              # queueact says what is wrong
+    from qmailpy import logline
+    from qmailpy.ctl.daemons import SEND_LOG
+    from qmailpy.ctl.logwriter import open_for_append, stamped
     home = qmail_home(args.home)
+    try:
+        log = open_for_append(home, SEND_LOG)
+    except OSError as e:
+        try:
+            if queueact.send_running(home):
+                return None                      # qmail-send deletes and logs it itself
+        except OSError:
+            pass
+        print("qmailctl queue delete: qmail-send is not running, and its log cannot be written "
+              "(%s); nothing done" % e, file=sys.stderr)
+        return queueact.EXIT_TEMP
     try:
         answers = delete(home, lambda: queueact.select_numbers(home, wanted))
     except OSError as e:
+        log.close()
         print("qmailctl queue delete: qmail-send is not running, and deleting without it "
               "failed: %s; some of the messages may be deleted: list the queue" % e, file=sys.stderr)
         return queueact.EXIT_TEMP
-    if answers is None:
-        return None
+    with contextlib.closing(log):
+        if answers is None:
+            return None
+        log.write_lines(stamped([logline.command_msg("delete", n).rstrip(b"\n")
+                                 for n, result, _ in answers if result == command.DONE]))
     if not answers:
         print("qmailctl queue delete: no message matches", file=sys.stderr)
         return queueact.EXIT_NOT_DONE
