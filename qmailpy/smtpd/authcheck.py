@@ -445,6 +445,7 @@ def preload():
     import dns.rdatatype
     for rdtype in ("TXT", "A", "AAAA", "MX", "PTR"):     # dnspython loads these at first use
         dns.rdata.get_rdata_class(dns.rdataclass.IN, dns.rdatatype.from_text(rdtype))
+    import qmailpy.queue.spool  # noqa: F401   (the message waits there for the checks)
     org_domain_finder()
     import dkim                 # noqa: F401
     import spf                  # noqa: F401
