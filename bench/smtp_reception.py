@@ -24,14 +24,16 @@ verification and a DMARC evaluation, all passing (checked on one queued message)
 With --rspamd, rspamd from Debian starts with the tests' configuration (tests/rspamd_harness.py)
 and N more messages go to the first listener through rspamd's milter proxy (control/milters,
 docs/milter.md), in the same run: each session spools its message, rspamd scans it and
-adds its headers, and the edited message is queued.
+adds its headers, and the edited message is queued. --milter-noop does the same through
+the tests' milter (tests/milter_peer.py, a thread of this process) that continues every
+step: the cost of qmail-smtpd's milter client (spool, protocol) without a scan.
 
 With --qmqpd, qmail-qmqpd runs too and every session hands its message to it, as on a
 server started with qmailctl start.
 
 Usage: .venv/bin/python bench/smtp_reception.py [-c CLIENTS] [-n MESSAGES]
                                                [-m MESSAGES_PER_CONNECTION] [-s BODY_BYTES] [--tls]
-                                               [--qmqpd] [--rspamd] [--authcheck]
+                                               [--qmqpd] [--rspamd] [--milter-noop] [--authcheck]
 """
 import argparse
 import multiprocessing
@@ -270,9 +272,24 @@ def results_header(home):
     return None
 
 
+TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
+
+
+def through_milter(home, port, args, body, line):
+    """run_clients with control/milters holding line (removed after)."""
+    milters = os.path.join(home, "control", "milters")
+    with open(milters, "w") as f:
+        f.write(line)
+    os.chmod(milters, 0o644)        # read by qmaild when the bench runs as root
+    try:
+        return run_clients(port, args, body)
+    finally:
+        os.unlink(milters)
+
+
 def start_rspamd(base):
     """rspamd with its milter proxy on a free port (tests/rspamd_harness.py), or exit."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    sys.path.insert(0, TESTS)
     from rspamd_harness import Rspamd, Unavailable
     directory = os.path.join(base, "rspamd")
     os.mkdir(directory)
@@ -297,6 +314,8 @@ def main():
                     help="measure again with STARTTLS on every connection, in the same run")
     ap.add_argument("--rspamd", action="store_true",
                     help="measure again through rspamd's milter, in the same run")
+    ap.add_argument("--milter-noop", action="store_true",
+                    help="measure again through the tests' milter that continues every step")
     args = ap.parse_args()
     base, home = make_home()
     rspamd = start_rspamd(base) if args.rspamd else None
@@ -328,14 +347,17 @@ def main():
             failures += ac_failures
             results = results_header(home)
             os.unlink(os.path.join(home, "control", "authcheck"))
+        if args.milter_noop:
+            sys.path.insert(0, TESTS)
+            from milter_peer import MilterPeer
+            with MilterPeer() as peer:
+                noop_sent, noop_failures, noop_elapsed = through_milter(home, port, args, body,
+                                                                        peer.control_line())
+            failures += noop_failures
         if rspamd is not None:
-            milters = os.path.join(home, "control", "milters")
-            with open(milters, "w") as f:
-                f.write("inet:127.0.0.1:%d\n" % rspamd.port)
-            os.chmod(milters, 0o644)        # read by qmaild when the bench runs as root
-            milter_sent, milter_failures, milter_elapsed = run_clients(port, args, body)
+            milter_sent, milter_failures, milter_elapsed = through_milter(
+                home, port, args, body, "inet:127.0.0.1:%d\n" % rspamd.port)
             failures += milter_failures
-            os.unlink(milters)
         queued = len(os.listdir(os.path.join(home, "queue", "todo")))
         fork_cost = startup_cost(port, 200)
         exec_cost = exec_startup_cost(home, 20)
@@ -362,13 +384,17 @@ def main():
         print("  with SPF, DKIM (RSA-2048) and DMARC checks: %.0f messages/s (%.2f s)"
               % (ac_sent / ac_elapsed, ac_elapsed))
         print("  one of them: %s" % results)
+    if args.milter_noop:
+        print("  through a milter that continues every step: %.0f messages/s (%.2f s)"
+              % (noop_sent / noop_elapsed, noop_elapsed))
     if rspamd is not None:
         print("  through rspamd's milter: %.0f messages/s (%.2f s)"
               % (milter_sent / milter_elapsed, milter_elapsed))
     print("  session start via listener fork: %.2f ms median (connect -> 220)" % (fork_cost * 1000))
     print("  session start via exec of qmail-smtpd: %.2f ms median (for comparison)"
           % (exec_cost * 1000))
-    expected = args.messages * (1 + args.tls + args.authcheck + args.rspamd)
+    expected = args.messages * (1 + args.tls + args.authcheck + args.rspamd
+                                 + args.milter_noop)
     return 0 if failures == 0 and queued == expected else 1
 
 

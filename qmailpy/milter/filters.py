@@ -231,7 +231,7 @@ class Milters:
         pairs = [(k, v) for k, v in self.macros.items()
                  if (wanted is None and k in _STAGE_MACROS[stage]) or (wanted and k in wanted)]
         if pairs:
-            m.conn.send(p.C_MACRO, p.macros(command, pairs))
+            m.conn.queue(p.C_MACRO, p.macros(command, pairs))    # goes with its command
 
     def _step(self, stage, command, data, skip, no_reply, session=False):
         for m in self._live():
