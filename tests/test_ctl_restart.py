@@ -15,8 +15,10 @@ import psutil
 import pytest
 
 from lspawn_harness import LocalUsers
+from qmailpy.ctl.daemons import QMQPD_PID, SEND_PID
 from qmailpy.ctl.logwriter import log_set
 from test_ctl_full_disk import running_in
+from test_root_paths import as_attacker, unchanged, victim  # noqa: F401 (fixture)
 from test_delivery_local import wait_maildir
 from test_send_qmailctl import ctl, free_port
 from test_smtpd_support import TIMEOUT
@@ -169,3 +171,38 @@ def test_root_neither_stops_nor_adopts_another_accounts_look_alike(qmail_home, t
             assert fake.wait(timeout=30) == 0
     finally:
         shutil.rmtree(base)
+
+
+def test_root_reads_and_writes_pid_files_by_no_link_and_waits_on_no_fifo(qmail_home, victim):  # noqa: F811
+    # a single-user home is its user's: log/ can be renamed away and the user's own put in its
+    # place, holding a FIFO where root reads a pid file and a link where root writes one
+    if os.geteuid() != 0:
+        pytest.skip("root's paths in another account's directory")
+    plant = as_attacker(qmail_home, OWN_LOG_DIR, qmail_home.path, SEND_PID, QMQPD_PID + ".tmp", victim)
+    assert plant.wait(timeout=30) == 0
+    plant.stdout.close()
+    try:
+        start = qmail_home.run(["qmailctl", "start"], timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("root's qmailctl start hung on a FIFO at log/qmail-send.pid")
+    try:
+        assert start.returncode == 0, start.stderr.decode()
+        assert unchanged(victim)
+        for name in ("qmail-qmqpd", "qmail-send"):
+            assert psutil.Process(pid_of(qmail_home, name)).is_running()
+    finally:
+        stop = ctl(qmail_home, "stop")
+    assert stop.returncode == 0, stop.stderr
+    assert not [n for n in os.listdir(os.path.join(qmail_home.path, "log")) if n.endswith((".pid", ".tmp"))]
+
+
+OWN_LOG_DIR = r"""
+import os, sys
+home, fifo, link, target = sys.argv[1:]
+log = os.path.join(home, "log")
+if os.path.isdir(log):
+    os.rename(log, log + ".old")
+os.mkdir(log)
+os.mkfifo(os.path.join(log, fifo))
+os.symlink(target, os.path.join(log, link))
+"""

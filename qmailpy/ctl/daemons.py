@@ -92,9 +92,18 @@ def _env(home):
 
 
 def _read_pid(home, name):
+    """The pid in HOME/log/name, or None. Read through log/'s descriptor (nofollow): in a
+    single-user home log/ may be its user's, who could put a FIFO there (root's read
+    would wait for ever) or a link to a file of root's."""
+    from qmailpy import nofollow
     try:
-        with open(os.path.join(home, "log", name)) as f:
-            return int(f.read().split()[0])
+        dfd = nofollow.open_path(home, "log")
+        try:
+            fd = nofollow.open_file(name, dfd)
+        finally:
+            os.close(dfd)
+        with os.fdopen(fd, "rb") as f:
+            return int(f.read(64).split()[0])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -261,13 +270,19 @@ def _start_one(home, logdir, env, daemon, argv):
 
 def _remove_pid(home, daemon, pid=None):
     """Remove daemon's pid file (only if it names pid, when pid is given)."""
-    path = os.path.join(home, "log", daemon.pidname)
+    from qmailpy import nofollow
     if pid is not None and _read_pid(home, daemon.pidname) != pid:
         return
     try:
-        os.unlink(path)
+        dfd = nofollow.open_path(home, "log")
+    except OSError:
+        return
+    try:
+        os.unlink(daemon.pidname, dir_fd=dfd)
     except OSError:
         pass
+    finally:
+        os.close(dfd)
 
 
 def _spawn_logged(argv, env, logpath, cwd="/"):
@@ -290,18 +305,35 @@ def _spawn_logged(argv, env, logpath, cwd="/"):
 
 
 def _write_pid(path, pid):
-    """path holds pid whole or not at all: a full disk must not leave an empty pid file."""
-    tmp = path + ".tmp"
+    """path holds pid whole or not at all: a full disk must not leave an empty pid file.
+    A fresh NAME.tmp, written and renamed through the directory's descriptor (nofollow):
+    root follows no link and opens no file its owner put there."""
+    from qmailpy import nofollow
+    from qmailpy.fileio import write_all
+    directory, name = os.path.split(path)
+    tmp = name + ".tmp"
+    dfd = nofollow.open_home(directory)
     try:
-        with open(tmp, "w") as f:
-            f.write("%d\n" % pid)
-        os.rename(tmp, path)
-    except OSError:
         try:
-            os.unlink(tmp)
-        except OSError:
+            os.unlink(tmp, dir_fd=dfd)
+        except FileNotFoundError:
             pass
-        raise
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                     dir_fd=dfd)
+        try:
+            try:
+                write_all(fd, b"%d\n" % pid)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(dfd)
 
 
 def _spawn_recorded(argv, env, logpath, pidname):
