@@ -132,8 +132,16 @@ def test_a_start_whose_log_rotates_on_its_first_line(qmail_home):
 def test_stop_by_an_account_that_may_not_signal_says_so(qmail_home):
     if os.geteuid() != 0:
         pytest.skip("needs root: the daemons must run as an account other than the caller's")
+    lock = os.path.join(qmail_home.path, "log", "qmailctl.lock")
+    os.makedirs(os.path.dirname(lock), exist_ok=True)
+    os.close(os.open(lock, os.O_WRONLY | os.O_CREAT, 0o644))       # as an earlier qmailctl made it
     assert ctl(qmail_home, "start").returncode == 0
     try:
+        # flock needs only a descriptor: a lock every user could open, any could hold for ever
+        hold = subprocess.run([sys.executable, "-c", "import fcntl, os, sys; "
+                               "fcntl.flock(os.open(sys.argv[1], os.O_RDONLY), fcntl.LOCK_EX)", lock],
+                              capture_output=True, timeout=60, user="daemon", group="daemon", extra_groups=[])
+        assert hold.returncode == 1 and b"PermissionError" in hold.stderr, hold
         done = subprocess.run(["qmailctl", "stop", "--home", qmail_home.path], env=qmail_home.env,
                               capture_output=True, timeout=60, user="daemon", group="daemon",
                               extra_groups=[])

@@ -400,7 +400,9 @@ def _lock(home, create=True):
     """One start or stop at a time per home: an exclusive lock on HOME/log/qmailctl.lock,
     reached through log/'s descriptor (root in a single-user home, whose log/ its user
     owns, follows no link and opens no FIFO planted there). Without create (stop), a lock
-    file this account cannot make or open is no lock: None."""
+    file this account cannot make or open is no lock: None. Mode 0600: flock needs only
+    a descriptor, so a lock every local user could open, any of them could hold, and
+    root's start and stop would wait for ever."""
     import fcntl
     from qmailpy import nofollow
     try:
@@ -411,7 +413,10 @@ def _lock(home, create=True):
         return None
     try:
         try:
-            fd = nofollow.open_file(LOCK, dfd, os.O_WRONLY | os.O_CREAT, mode=0o644)
+            fd = nofollow.open_file(LOCK, dfd, os.O_WRONLY | os.O_CREAT, mode=0o600)
+            st = os.fstat(fd)
+            if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+                os.fchmod(fd, 0o600)            # made 0644 by an earlier qmailctl
         except PermissionError:
             if create:
                 raise
