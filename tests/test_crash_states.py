@@ -2,8 +2,10 @@
 
 Each test records a protocol's file-system calls with strace against a real home (its
 queue/, control/ and the users' homes with their Maildirs), builds every disk state a
-power cut may leave (every prefix of the calls; unsynced operations lost, one or all;
-the last unsynced write torn), and for each one runs the real recovery and checks what
+power cut may leave (every prefix of the calls; unsynced operations lost, one or all,
+pairs with CRASHSTATES_FULL=1; the last unsynced write torn at each sector boundary,
+earlier ones at their half with CRASHSTATES_FULL=1; a lost directory's contents gone;
+mtimes kept), and for each one runs the real recovery and checks what
 a user sees: every message acknowledged before the crash (its qmail-queue exited 0, or
 it was queued before the recording) reached every recipient's Maildir at least once (a
 bounce counts for a recipient that does not exist), every delivered message is whole,
@@ -16,13 +18,15 @@ after a cut-off `qmailctl convert` the administrator runs it again; then qmail-s
 Protocols: qmail-queue (both backends; on the log backend group commit and rotation),
 qmail-qmqpd's queueing path (acknowledged where its client read K), qmail-send's whole
 run (preprocessing, local deliveries with their marks, a bounce, qmail-clean's removals;
-on the log backend recovery, checkpoints and the deletion of a garbage segment),
+on the log backend recovery, checkpoints and the deletion of a garbage segment, and
+checkpoints across a segment holding an in-flight message's FINISH: issue 29),
 qmail-remote's deliveries to a remote host recorded with it (tests/maildir_peer.py:
 the host keeps what it stored durably before its 250; its copy without qmail-send's
 record of it is "Possible duplicate!"'s window) and `qmailctl convert` both ways. Long
 protocols are checked on an even spread of CAP of their distinct states unless
 CRASHSTATES_FULL=1; each test prints how many states it explored of how many distinct
-ones.
+ones. A new dimension of the model comes with a known-bad variant of the code
+(tests/crash_variants.py) that it must catch.
 """
 import json
 import os
@@ -40,6 +44,8 @@ import psutil
 import pytest
 from inotify_simple import INotify, flags
 
+import checkpoint_scenario
+import crash_variants
 import crashstates as cs
 from conftest import AS_ROOT, make_home, traversable_base
 from lspawn_harness import LocalUsers
@@ -52,11 +58,15 @@ pytestmark = pytest.mark.skipif(not cs.strace_available(), reason="strace is not
 
 FULL = os.environ.get("CRASHSTATES_FULL") == "1"
 CAP = int(os.environ.get("CRASHSTATES_CAP", "40"))
+# Breadth only the full run pays for: pairs of unsynced operations lost together (this
+# many per prefix, a seeded sample where there are more) and earlier writes torn.
+PAIRS = int(os.environ.get("CRASHSTATES_PAIRS", "25" if FULL else "0"))
 RCPTS = ["a@test.example", "b@test.example"]
 SENDER = "joe@test.example"
 NOUSER = "nosuch@test.example"          # no such local user: its message bounces to SENDER
 REMOTE = "r@far.example"                # add_peer(): delivered by qmail-remote to a peer
 PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "maildir_peer.py")
+SCENARIO = os.path.abspath(checkpoint_scenario.__file__)
 
 DRIVER = r'''
 import json, os, subprocess, sys
@@ -138,6 +148,8 @@ class Explorer:
         self.recovery = []              # commands an administrator runs before qmail-send
         self.peer_sock = None           # add_peer(): the remote host's listening socket
         self.peer_proc = None           # the remote host while states are checked
+        self.forbidden = None           # a log line no state's recovery may write
+        self.held = set()               # numbers (as text) of messages held for good
 
     # -- the remote host -----------------------------------------------------------------
     def add_peer(self):
@@ -230,16 +242,16 @@ class Explorer:
         self.owner_of = cs.owners(self.post, self.pre)
         return rec
 
-    def record_queue_runs(self, batches, driver_text=DRIVER):
+    def record_queue_runs(self, batches, driver_text=DRIVER, env=None):
         """Record batches of concurrent qmail-queue runs: [[(tag, recipients), ...], ...]
-        (with QMQP_DRIVER, requests to qmail-qmqpd)."""
+        (with QMQP_DRIVER, requests to qmail-qmqpd); env: added to the home's."""
         driver = os.path.join(self.base, "driver.py")
         with open(driver, "w") as f:
             f.write(driver_text % {"message": repr(MESSAGE), "sender": repr(SENDER.encode())})
         manifest = os.path.join(self.base, "manifest")
         self._before_recording()
         trace = cs.record([sys.executable, driver, self.home.path, manifest, json.dumps(batches)],
-                          self.base, env=self.home.env)
+                          self.base, env=dict(self.home.env, **(env or {})))
         with open(manifest) as f:
             pids = {int(k): v for k, v in json.load(f).items()}
         for batch in batches:
@@ -290,6 +302,30 @@ class Explorer:
         rec.acks = {tag: 0 for tag in self.spec}        # acknowledged before the run
         return rec
 
+    def record_checkpoint_scenario(self, variant=None):
+        """Record tests/checkpoint_scenario.py: checkpoints across a segment holding the
+        FINISH of a message the previous checkpoint listed in flight; with a variant
+        (tests/crash_variants.py) in qmail-send."""
+        go = checkpoint_scenario.setup(self.users, self.base)
+        for user in ("slow", "later"):
+            self.maildirs["%s@test.example" % user] = os.path.join(self.users.base, user, "Maildir")
+        if variant:
+            crash_variants.install(self.home, "qmail-send", variant)
+        self._before_recording()
+        trace = cs.record([sys.executable, SCENARIO, self.home.path, self.base], self.base, env=self.home.env)
+        checkpoint_scenario.release(go)
+        with open(os.path.join(self.base, "scenario.json")) as f:
+            facts = json.load(f)
+        acked = {int(pid): tag for pid, tag in facts["acked"].items() if tag != "k"}  # K ends held
+        self.held.add(str(facts["k"]))
+        for tag in acked.values():
+            self.spec[tag] = [checkpoint_scenario.SLOW if tag == "m" else checkpoint_scenario.FILLER]
+        rec = self._after_recording(trace, acked)
+        assert set(rec.acks) == set(self.spec), (rec.acks, acked)
+        # qmail-send's recovery must never meet a live message whose FINISH is lost
+        self.forbidden = re.compile(r"^warning: msg \d+: ended: ")
+        return rec
+
     def record_convert(self, to):
         """Record `qmailctl convert --to TO` of a stopped queue; an administrator whose
         conversion was cut off runs it again (qmailctl(8))."""
@@ -303,13 +339,15 @@ class Explorer:
 
     # -- one crash state -------------------------------------------------------------
     def explore(self, rec, cap=None, regressions=(), posix_appends=cs.POSIX_APPENDS, only=None,
-                always=None, single_keeps=False):
+                always=None, single_keeps=False, prefixes=None):
         """Check every state (or `cap` of them, spread evenly over the protocol unless
         CRASHSTATES_FULL=1, plus every state in which an operation that a regression
         names was lost, and every state always(rec, state) accepts), of those
         only(rec, state) accepts; returns (explored, distinct, failures). single_keeps:
-        also every "one unsynced kept" state (cs.states), each one explored."""
-        found = cs.states(rec, posix_appends=posix_appends, single_keeps=single_keeps)
+        also every "one unsynced kept" state (cs.states), each one explored. prefixes:
+        only the states at those prefixes."""
+        found = cs.states(rec, posix_appends=posix_appends, single_keeps=single_keeps,
+                          pair_drops=PAIRS, earlier_tears=FULL, prefixes=prefixes)
         if only is not None:
             found = [st for st in found if only(rec, st[0])]
         chosen = found
@@ -319,6 +357,10 @@ class Explorer:
                       if i in spread or any(lost_op(rec, st[0], r) for r in regressions)
                       or (always is not None and always(rec, st[0]))
                       or st[0].how == "one unsynced kept"]
+        kinds = {}
+        for state, _ in chosen:
+            kinds[state.how] = kinds.get(state.how, 0) + 1
+        print("crash states by kind: %s" % ", ".join("%s %d" % k for k in sorted(kinds.items())))
         failures = []
         self.duplicates = {}            # recipient: states after which it holds a message twice
         try:
@@ -392,17 +434,22 @@ class Explorer:
         lost_bodies = [l for l in lines if "unable to open" in l or "No such file" in l]
         if lost_bodies:
             problems.append("bodies missing: %s" % lost_bodies[:3])
+        if self.forbidden is not None:
+            problems.extend("logged: %s" % l for l in lines if self.forbidden.match(l))
         warnings = [l for l in lines if re.match(r"^(warning|alert):", l)]
         if problems:
+            shutil.copy(d.logpath, os.path.join(self.base, "..", "crashstates-failed-send.log"))
             return "; ".join(problems) + ("\n    log: %s" % warnings if warnings else "")
         return None
 
     def stranded(self, lines):
         """What the queue holds of messages qmail-send never ended. (It may be killed
         between "end msg" and its last bookkeeping, which a restart redoes.)"""
-        ended = {l.split()[2] for l in lines if l.startswith("end msg ")}
+        ended = {l.split()[2] for l in lines if l.startswith("end msg ")} | self.held
+        # command/: a qmailctl command whose caller the crash took leaves its reply
+        # there (not a message; see qmail-send.md "Commands")
         return [x for x in leftovers(self.home)
-                if not x.startswith(("mess/", "intd/", "log/")) and re.sub(r"\D+", " ", x).split()[-1:] != []
+                if not x.startswith(("mess/", "intd/", "log/", "command/")) and re.sub(r"\D+", " ", x).split()[-1:] != []
                 and re.sub(r"\D+", " ", x).split()[-1] not in ended]
 
     def received(self):
@@ -731,3 +778,134 @@ def test_a_child_seen_before_its_parents_clone_returns_keeps_its_files(tmp_path)
     rec = cs.parse(str(trace), {"queue": str(root)}, str(tmp_path / "pre"), {})
     assert [op.kind for op in rec.ops] == ["create", "write", "fsync"]
     assert cs.not_durable(rec.ops, 3) == [0]          # the name needs its directory's sync
+
+
+def after_segment_unlinks(rec):
+    """The prefixes right after each of a recording's unlinks of a log segment."""
+    return [i + 1 for i, op in enumerate(rec.ops)
+            if op.kind == "unlink" and re.match(r"queue/log/\d+\.seg$", op.path)]
+
+
+def kept_or_all_lost(rec, state):
+    """only() for explore(): every unsynced operation kept, or all of them lost."""
+    return state.how in ("prefix", "all unsynced lost")
+
+
+def test_log_checkpoint_across_a_finish(explorer_base):
+    """A checkpoint lists message M in flight; M finishes in the next segment, which a
+    later checkpoint deletes with M's body (tests/checkpoint_scenario.py). Every crash
+    right after a segment's unlink is explored (every state with CRASHSTATES_FULL=1):
+    with the old checkpoint still on disk, M came back without its body (issue 29)."""
+    ex = Explorer(explorer_base, "log")
+    rec = ex.record_checkpoint_scenario()
+    if FULL:
+        explored, distinct, failures = ex.explore(rec, None)
+    else:
+        explored, distinct, failures = ex.explore(rec, None, only=kept_or_all_lost,
+                                                  prefixes=after_segment_unlinks(rec))
+    report("log checkpoints across a segment with an in-flight message's FINISH", explored, distinct, failures)
+
+
+def test_log_checkpoint_unlinking_first_is_caught(explorer_base):
+    """The same run with issue 29's order (crash_variants.unlink_before_checkpoint): the
+    explorer must find the state that revives M."""
+    ex = Explorer(explorer_base, "log")
+    rec = ex.record_checkpoint_scenario("unlink_before_checkpoint")
+    explored, distinct, failures = ex.explore(rec, None, only=kept_or_all_lost,
+                                              prefixes=after_segment_unlinks(rec))
+    print("crash states explored: pre-fix checkpoint order: %d, failing: %d" % (explored, len(failures)))
+    assert any("ended: " in f or "unable to open" in f for f in failures), failures[:3]
+
+
+def lost_mkdir(path):
+    """only() for explore(): the states that lost the mkdir of `path`."""
+    return lambda rec, state: any(rec.ops[i].kind == "mkdir" and rec.ops[i].path == path
+                                  for i in state.dropped)
+
+
+def test_a_lost_log_directory_loses_its_segments(explorer_base):
+    """A directory whose mkdir a power cut lost takes what was made in it along
+    (crashstates.Tree.prune). qmail-queue's first run makes queue/log: unless that mkdir
+    is durable in queue/ before the ENVELOPE's fsync, the acknowledged message is lost
+    (crash_variants.log_dir_unsynced, caught here); qmailpy syncs queue/ (logcommit.py)."""
+    results = {}
+    for variant in (None, "log_dir_unsynced"):
+        base = os.path.join(explorer_base, variant or "fixed")
+        os.mkdir(base)
+        ex = Explorer(base, "log")
+        shutil.rmtree(os.path.join(ex.home.queue, "log"))   # as before a queue's first message
+        if variant:
+            crash_variants.install(ex.home, "qmail-queue", variant)
+        rec = ex.record_queue_runs([[("m1", RCPTS)]])
+        results[variant] = ex.explore(rec, None, only=lost_mkdir("queue/log"))
+    print("crash states explored: lost queue/log: %d (fixed), %d (variant, failing %d)"
+          % (results[None][0], results["log_dir_unsynced"][0], len(results["log_dir_unsynced"][2])))
+    assert results["log_dir_unsynced"][2], "the explorer missed a lost queue/log"
+    report("log qmail-queue x1, queue/log's mkdir lost", *results[None])
+
+
+NOT_BEFORE = 4102444800                  # 2100-01-01: a hold that no state may lose
+
+
+def not_before_lost(rec, tree, state):
+    """Acknowledged messages whose mess file in the tree lost its not-before mtime."""
+    lost = []
+    for tag, at in rec.acks.items():
+        if at > state.prefix:
+            continue
+        marker = b"X-Crash-Id: %s\n" % tag.encode()
+        found = [ino for path, ino in tree.names.items()
+                 if path.startswith("queue/mess/") and marker in tree.contents.get(ino, b"")]
+        if not found:
+            lost.append("%s: no mess file" % tag)
+        elif any((tree.times.get(ino) or (0, 0))[1] != NOT_BEFORE * 10 ** 9 for ino in found):
+            lost.append("%s: mtime %s" % (tag, [tree.times.get(ino) for ino in found]))
+    return lost
+
+
+@pytest.mark.parametrize("variant", [None, "not_before_after_fsync"])
+def test_not_before_holds_survive(explorer_base, variant):
+    """A not-before time ($QMAILNOTBEFORE) is the mess file's mtime (utimensat, traced):
+    every state after qmail-queue's exit 0 holds it, so a power cut never delivers a
+    held message early. Setting it after the fsync (crash_variants.not_before_after_fsync)
+    is caught."""
+    ex = Explorer(explorer_base, "dir")
+    if variant:
+        crash_variants.install(ex.home, "qmail-queue", variant)
+    rec = ex.record_queue_runs([[("m1", RCPTS), ("m2", RCPTS)]], env={"QMAILNOTBEFORE": str(NOT_BEFORE)})
+    assert any(op.kind == "utime" for op in rec.ops), "no utimensat recorded"
+    found = cs.states(rec)
+    failures = ["%s\n    %s" % (state.describe(rec), problem) for state, tree in found
+                for problem in not_before_lost(rec, tree, state)]
+    if variant:
+        print("crash states explored: not-before variant: %d, failing %d" % (len(found), len(failures)))
+        assert failures, "the explorer missed a not-before time set after the fsync"
+    else:
+        report("dir qmail-queue x2 with a not-before time", len(found), len(found), failures)
+
+
+# Untraced calls qmailpy makes (crashstates.UNTRACED_CALLS), each with why no recorded
+# protocol depends on it. A new one fails test_no_untraced_calls_unknown: trace it in
+# crashstates.parse(), or say here why the explorer need not see it.
+UNTRACED_KNOWN = {
+    ("qmailpy/layout.py", "os.mkfifo"): "qmailctl init makes lock/trigger; states keep a root's fifos as before the run",
+    ("qmailpy/ctl/launchers.py", "os.symlink"): "qmailctl's launchers and man links, outside every root",
+    ("qmailpy/queue/spool.py", "O_TMPFILE"): "a nameless scratch file for a message being received, never linked into a root",
+}
+
+
+def test_no_untraced_calls_unknown():
+    top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    used = set()
+    for dirpath, _, names in os.walk(os.path.join(top, "qmailpy")):
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                with open(path) as f:
+                    code = f.read()
+                for call in cs.UNTRACED_CALLS:
+                    if re.search(r"(?<![\w.])%s\b" % re.escape(call), code):
+                        used.add((os.path.relpath(path, top), call))
+    unknown = sorted(used - set(UNTRACED_KNOWN))
+    assert not unknown, "untraced by the crash-state explorer (crashstates.UNTRACED_CALLS): %s" % [
+        "%s: %s (%s)" % (path, call, cs.UNTRACED_CALLS[call]) for path, call in unknown]

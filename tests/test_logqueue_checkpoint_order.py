@@ -26,7 +26,7 @@ from lspawn_harness import LocalUsers
 from qmailpy import logline
 from send_harness import Daemons
 
-SCENARIO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint_scenario.py")
+SCENARIO = os.path.abspath(scenario.__file__)
 
 
 def test_a_message_finished_in_an_unlinked_segment_is_not_revived(qmail_home):

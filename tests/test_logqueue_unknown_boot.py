@@ -6,6 +6,8 @@ a word from an earlier boot is not trusted (tests/test_logqueue_power_cut.py). W
 match the stale word an earlier boot without /proc left, and the next append would cut
 the head back to that word's end: acknowledged, fsync'd records gone. An unknown boot
 never trusts the word: the head's end is found in the segment itself.
+(queue/log's own creation, fsync'd into queue/, is explored by
+tests/test_crash_states.py, test_a_lost_log_directory_loses_its_segments.)
 """
 import os
 
@@ -48,12 +50,3 @@ def test_without_proc_a_stale_commit_word_cuts_no_record(no_proc, tmp_path):
     again.close()
     assert records(logdir) == [101, 102, 103, 104]
 
-
-def test_a_new_log_directory_is_synced_into_queue(monkeypatch, tmp_path):
-    """queue/log made by mkdir is made durable in queue/ (a lost log/ loses every segment)."""
-    synced = []
-    monkeypatch.setattr(logcommit, "fsync_dir", lambda path: synced.append(os.path.realpath(path)))
-    queue = tmp_path / "queue"
-    queue.mkdir()
-    LogWriter(str(queue / "log"), 1 << 20).close()
-    assert os.path.realpath(str(queue)) in synced
