@@ -10,6 +10,7 @@ multiuser_home(base, backend) is a home made by `qmailctl init` as root without
 --user, so every role runs as its own account, as on a real server.
 """
 import contextlib
+import fcntl
 import grp
 import os
 import pwd
@@ -35,6 +36,13 @@ def _exists(getter, name):
 
 
 def ensure_accounts():
+    # Test processes run side by side (pytest-xdist): one creates, the others wait and see them.
+    with open("/run/qmailpy-test-accounts.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _create_missing()
+
+
+def _create_missing():
     for group in QMAIL_GROUPS:
         if not _exists(grp.getgrnam, group):
             subprocess.run(["groupadd", "--system", group], check=True)
