@@ -31,6 +31,13 @@ def delete(home, *numbers):
                     + [str(n) for n in numbers])
 
 
+def listed_set_aside(home):
+    """(n, why) of each message `qmailctl queue list --state set-aside --json` lists."""
+    got = home.run(["qmailctl", "queue", "list", "--json", "--state", "set-aside", "--home", home.path])
+    assert got.returncode == 0, got.stderr
+    return [(r["n"], r["set_aside"]) for r in map(json.loads, got.stdout.splitlines())]
+
+
 @pytest.mark.parametrize("queue_backend", ["log"], indirect=True)
 def test_a_message_too_large_to_record_is_set_aside_and_the_rest_is_delivered(qmail_home, daemons):
     qmail_home.control("maxrcpt", "0\n")
@@ -38,6 +45,9 @@ def test_a_message_too_large_to_record_is_set_aside_and_the_rest_is_delivered(qm
     done = qmail_home.queue_message(MSG, b"joe@test.example", [b"%x" % (i % 16) for i in range(RECIPIENTS)])
     assert done.returncode == 0, done.stderr
     [poison] = [m.n for m in queued(qmail_home)]
+    reason = "%d recipients take more than a log record holds once rewritten" % RECIPIENTS
+    # qmailctl queue list shows it set aside before qmail-send has met it: the same check
+    assert listed_set_aside(qmail_home) == [(poison, reason)]
     daemons.start()
     lines = daemons.wait_line(r"^warning: msg %d: set aside: " % poison)
     assert ("warning: msg %d: set aside: %d recipients take more than a log record holds once "
@@ -49,8 +59,13 @@ def test_a_message_too_large_to_record_is_set_aside_and_the_rest_is_delivered(qm
     # still listed, as queued and not yet preprocessed, with its recipients
     listed = qmail_home.run(["qmailctl", "queue", "list", "--json", "--home", qmail_home.path])
     assert listed.returncode == 0, listed.stderr
-    [record] = [r for r in map(json.loads, listed.stdout.splitlines()) if r["n"] == poison]
-    assert (record["state"], len(record["recipients"])) == ("S4", RECIPIENTS)
+    records = {r["n"]: r for r in map(json.loads, listed.stdout.splitlines())}
+    record = records.pop(poison)
+    assert (record["state"], len(record["recipients"]), record["set_aside"]) == ("S4", RECIPIENTS, reason)
+    assert [r["set_aside"] for r in records.values()] == [None] * len(records)
+    assert listed_set_aside(qmail_home) == [(poison, reason)]
+    text = qmail_home.run(["qmailctl", "queue", "list", "--home", qmail_home.path, str(poison)])
+    assert text.stdout.split(b"\n", 1)[0].endswith(b">  set aside: " + reason.encode()), text.stdout[:200]
     # a restart meets it again, sets it aside again, and lives on
     assert daemons.stop() == 0
     daemons.start()

@@ -81,12 +81,13 @@ def test_a_stopped_queue_of_new_messages(qmail_home):
         assert done.returncode == 2 and done.stdout == b"", args
     assert b"'2x' is not a duration" in ctl(qmail_home, "list", "--older-than", "2x").stderr
 
-    # JSON lines: every field of a snapshot message record, and held
+    # JSON lines: every field of a snapshot message record, held and set_aside
     done = ctl(qmail_home, "list", "--json")
     records = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(records) == 3
     for record in records:
-        assert set(record) == set(snapshot_format.MESSAGE_FIELDS) | {"held"}
+        assert set(record) == set(snapshot_format.MESSAGE_FIELDS) | {"held", "set_aside"}
+        assert record["set_aside"] is None
         snapshot_format.parse_line(json.dumps(record))
         assert record["state"] == "S4" and record["backend"] == qmail_home.backend
         assert record["held"] is False and abs(record["birth"] - time.time()) < 600

@@ -33,6 +33,7 @@ from qmailpy.backends.logcommit import LOG_DIR, SEGMENT_LIMIT_CONTROL, read_segm
 from qmailpy.backends.logdamage import LogDamage
 from qmailpy.backends.loggarbage import LogGarbage
 from qmailpy.backends.loginflight import InFlight
+from qmailpy.backends.logpreprocess import preprocessed
 from qmailpy.backends.logreaders import LogReaders
 from qmailpy.backends.logrecovery import LogRecovery
 from qmailpy.backends.logrunners import RUNNER_LAGS, LogRunners
@@ -162,20 +163,13 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
         except OSError:
             raise QueueError("unable to stat %s" % mess)
         now = _now()
-        channels = {}
-        for rcpt in env.recipients:
-            channel, address = route(rcpt)
-            channels.setdefault(channel, [now, []])[1].append((False, address))
         try:
-            data = R.encode_snapshot(R.PREPROCESSED, now, n, pos, now, env.qp, env.uid, size,
-                                     env.sender, b"", (), {c: (d, r) for c, (d, r) in channels.items()})
-        except R.RecordError:
-            # Queued before qmailpy.queuelimits, or rewritten beyond its allowance: its
-            # ENVELOPE stays live and untouched, found again (and set aside again) at the
-            # next start; qmailctl queue delete removes it.
+            data, channels = preprocessed(env, pos, size, route, now)
+        except SetAside:
+            # its ENVELOPE stays live and untouched, found again (and set aside again) at
+            # the next start; qmailctl queue delete removes it.
             self.set_aside[n] = pos
-            raise SetAside("%d recipients take more than a log record holds once rewritten"
-                           % len(env.recipients)) from None
+            raise
         if announce is not None:
             announce(logline.new_msg(n))
             announce(logline.info_msg(n, size, env.sender, env.qp, env.uid))

@@ -28,7 +28,7 @@ def _lines(n, birth, size, sender, bouncing, recipients):
 def record_lines(record):
     """qmail-qread's lines for a snapshot message record (qmailctl queue list). A message
     not yet preprocessed shows its recipients under the channel 'todo'; a held one
-    ends its first line with ' held'."""
+    ends its first line with ' held', one qmail-send sets aside with ' set aside: WHY'."""
     from qmailpy.snapshot_format import raw
     if record["problems"] and record["sender"] is None:
         return [b"warning: trouble with #%d: %s\n"
@@ -39,6 +39,8 @@ def record_lines(record):
                    raw(record["sender"] or ""), record["bouncing"], recipients)
     if record.get("held"):
         lines[0] = lines[0][:-1] + b" held\n"
+    if record.get("set_aside"):
+        lines[0] = lines[0][:-1] + b" set aside: %s\n" % record["set_aside"].encode("utf-8", "replace")
     return lines
 
 

@@ -21,7 +21,8 @@ Recipient options look at pending recipients only (not done), as qshape does.
 
 States (--state): new = queued, not yet preprocessed (S4, qmail's todo/);
 preprocessed = S5 (qmail's info/); local, remote = S5 with a pending recipient
-on that channel; held = kept back by `qmailctl queue hold` (record field "held").
+on that channel; held = kept back by `qmailctl queue hold` (record field "held");
+set-aside = new, and qmail-send sets it aside (record field "set_aside": why).
 """
 import argparse
 import re
@@ -29,7 +30,7 @@ import time
 
 from qmailpy import command, states
 
-STATE_NAMES = ("new", "preprocessed", "held", "local", "remote")
+STATE_NAMES = ("new", "preprocessed", "held", "local", "remote", "set-aside")
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _SIZES = {"": 1, "b": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
@@ -74,7 +75,7 @@ def add_arguments(parser):
     parser.add_argument("--newer-than", type=age, metavar="AGE",
                         help="queued less than AGE ago")
     parser.add_argument("--state", action="append", choices=STATE_NAMES,
-                        help="in this state (new, preprocessed, held, local, remote)")
+                        help="in this state (new, preprocessed, held, local, remote, set-aside)")
     parser.add_argument("--min-size", type=size, metavar="BYTES",
                         help="message at least BYTES long (k, M, G suffixes)")
     parser.add_argument("--max-size", type=size, metavar="BYTES",
@@ -107,6 +108,8 @@ def record_states(record):
                 found.add(r["channel"])
     if record.get("held"):
         found.add("held")
+    if record.get("set_aside"):
+        found.add("set-aside")
     return found
 
 

@@ -9,7 +9,10 @@ looked up by name. Log backend: LogQueue.stream_states(), in log order. With
 `numbers`, only those are looked up (directly on the directory backend). Each
 record also has "held": kept back by `qmailctl queue hold` (hold/N on the
 directory backend, the held bit of its snapshot on the log backend); its state is
-then HELD, as in a snapshot.
+then HELD, as in a snapshot; and "set_aside": why qmail-send sets it aside (a queued
+message on the log backend whose PREPROCESSED record would not fit: the check of
+backends/logpreprocess.py, with qmail-send's routing; docs/qmail-send.md "Messages set
+aside"), else null.
 """
 import os
 import socket
@@ -48,6 +51,7 @@ def _dir_record(host, queue, n):
         return None
     record = snapshot._dir_message(host, queue, n, files, [])
     record["held"] = _stat(queue, "hold/%d" % n) is not None
+    record["set_aside"] = None                   # the directory backend has no record limit
     if state == states.S4:
         record["birth"] = files["todo"]["mtime"]
     return record
@@ -73,16 +77,43 @@ def _log_records(host, home, numbers):
     from qmailpy.backends import logrecords as R
     from qmailpy.backends.logqueue import LogQueue
     queue = LogQueue(home)
+    aside = _SetAside(home)
     try:
         for rec, done, notes in queue.stream_states():
             if numbers is not None and rec.n not in numbers:
                 continue
-            yield _log_record(host, queue.queue, rec, done, notes, R)
+            yield _log_record(host, queue.queue, rec, done, notes, R, aside)
     finally:
         queue.close()
 
 
-def _log_record(host, queue, rec, done, notes, R):
+class _SetAside:
+    """Why qmail-send sets a queued message aside, or None: the check its preprocessing
+    makes (backends/logpreprocess.py), routed by qmail-send's control files, read once."""
+
+    def __init__(self, home):
+        self.home, self.route = home, None
+
+    def __call__(self, env, size):
+        from qmailpy.backends.base import SetAside
+        from qmailpy.backends.logpreprocess import preprocessed
+        if self.route is None:
+            from qmailpy.home import ControlError
+            from qmailpy.send.controls import read_rewriter
+            try:
+                self.route = read_rewriter(self.home).route
+            except ControlError:        # qmail-send cannot start either: it sets nothing aside
+                self.route = False
+        if self.route is False:
+            return None
+        try:
+            preprocessed(env, (0, 0), size, self.route, 0)
+        except SetAside as e:
+            return str(e)
+        return None
+
+
+def _log_record(host, queue, rec, done, notes, R, aside):
     text = snapshot.text
     if rec.type == R.ENVELOPE:
         st = _stat(queue, layout.relpath("mess", rec.n))
@@ -91,6 +122,7 @@ def _log_record(host, queue, rec, done, notes, R):
             [snapshot.recipient("todo", text(r), False) for r in rec.recipients],
             state=states.S4, birth=rec.time, size=st.st_size if st is not None else None)
         record["held"] = False
+        record["set_aside"] = aside(rec, st.st_size if st is not None else 0)
         return record
     recipients = []
     for channel in CHANNELS:
@@ -104,4 +136,5 @@ def _log_record(host, queue, rec, done, notes, R):
                                      state=states.HELD if held else states.S5, birth=rec.birth,
                                      size=rec.size)
     record["held"] = held
+    record["set_aside"] = None
     return record

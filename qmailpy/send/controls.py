@@ -22,6 +22,13 @@ def _concurrency(home, name, default):
     return max(0, min(SPAWN_MAX, control_int(home, name, default)))
 
 
+def read_rewriter(home):
+    """The recipient rewriting qmail-send starts with (also `qmailctl queue list`'s, to
+    show the messages it sets aside: backends/logpreprocess.py)."""
+    return Rewriter(control_me_default(home, "envnoathost"), _locals(home),
+                    control_list(home, "percenthack", []), control_list(home, "virtualdomains", []))
+
+
 class SendControls:
     def __init__(self, home):
         self.home = home
@@ -34,8 +41,7 @@ class SendControls:
         self.doublebouncehost = control_me_default(home, "doublebouncehost")
         self.doublebounceto = control_value(home, "doublebounceto", b"postmaster")
         self.percenthack = control_list(home, "percenthack", [])
-        self.rewriter = Rewriter(self.envnoathost, _locals(home), self.percenthack,
-                                 control_list(home, "virtualdomains", []))
+        self.rewriter = read_rewriter(home)
         self.rules = Rules.read(home)
 
     def reread(self):
