@@ -23,6 +23,9 @@ connections the others hold open. Beyond its share a connection waits in the
 server, in order, for a worker it may take (at most `wait_per_client` of them per
 client, `wait_limit` in all), and one beyond those is answered by too_many() and
 closed. With wait_per_client 0 a connection beyond per_client is answered at once.
+Those in line go first: a slot that frees goes to the oldest waiting connection that
+may take it, before any connection accepted since (a client that reconnects at once
+does not overtake one that waits).
 
 Hooks for subclasses: admit(), client_of() and too_many() run in the server;
 worker_started() runs once in each new worker, child() once per connection and
@@ -153,6 +156,7 @@ class WorkerServer:
                             self._from_worker(key.data)
                     else:
                         sock_index = key.data - 1
+                        self._start_waiting()   # those in line before those just come
                         while (not self._stop and (self.idle or len(self.pool) < self.limit)
                                and self._accept(sock_index)):
                             pass
@@ -226,6 +230,7 @@ class WorkerServer:
         client = self.client_of(context)
         if client is not None and self._over_share(client):
             self.settle()                   # connections that ended while we were busy
+            self._start_waiting()           # whose slots go to those in line first
             if self._over_share(client):
                 self._wait(sock_index, conn, context, client)
                 return True

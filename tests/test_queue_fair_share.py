@@ -98,3 +98,85 @@ def test_two_local_uids_holding_silent_connections_leave_qmaild_a_worker(qmail_h
             for holder in holders:
                 holder.stdin.close()
                 holder.wait(timeout=TIMEOUT)
+
+
+# Holds `count` silent connections and opens a new one the moment the server drops one
+HOSTILE = r"""
+import selectors, socket, sys
+path, count = sys.argv[1], int(sys.argv[2])
+sel = selectors.DefaultSelector()
+def connect():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    sel.register(s, selectors.EVENT_READ)
+for _ in range(count):
+    connect()
+print("held", flush=True)
+sel.register(sys.stdin, selectors.EVENT_READ)
+while True:
+    for key, _ in sel.select():
+        if key.fileobj is sys.stdin:
+            sys.exit(0)
+        sel.unregister(key.fileobj)
+        key.fileobj.close()
+        connect()
+"""
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="needs three more local uids")
+def test_two_uids_holding_every_shared_worker_cannot_keep_a_third_waiting(qmail_home):
+    """Two hostile uids take every shared worker (half each of -c 8's six) with silent
+    connections and reconnect the moment one is dropped; a third ordinary uid's sendmail
+    still gets its message queued within seconds, not after the 1200 s read timeout: a
+    local request must arrive at LOCAL_PACE, and the freed worker goes to the oldest in line."""
+    from qmailpy.queue.server import LOCAL_PACE
+    with QmqpServer(qmail_home, "-c", "8", "-t", "1200") as server:
+        holders = [subprocess.Popen([sys.executable, "-c", HOSTILE, server.socket, "3"], user=uid,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                   for uid in (61034, 61035)]
+        try:
+            for holder in holders:
+                assert holder.stdout.readline() == b"held\n"
+            wait_for_workers(server, 6)
+            start = time.monotonic()
+            done = subprocess.run(["setpriv", "--reuid=61036", "--regid=61036", "--clear-groups",
+                                   "sendmail", "-f", "a@test.example", "b@test.example"],
+                                  env=qmail_home.env, input=b"Subject: hi\n\nserved\n",
+                                  capture_output=True, timeout=120)
+            seconds = time.monotonic() - start
+            assert done.returncode == 0, done.stderr
+            assert seconds < 2 * LOCAL_PACE[0], "sendmail waited %.1f s for a worker" % seconds
+            assert [m.recipients for m in queued(qmail_home)] == [[b"b@test.example"]]
+        finally:
+            for holder in holders:
+                holder.stdin.close()
+                holder.wait(timeout=TIMEOUT)
+
+
+def test_a_request_that_falls_behind_its_pace_is_cut_off():
+    """As any user (whose uid is qmaild's here, never paced): the reading side of the pace.
+    A silent client is cut off once the grace has passed, a trickling one once it falls
+    behind grace + bytes / rate; a client that keeps up is read to the end."""
+    from qmailpy.queue.server import R_SLOW, BadRequest, Request
+    a, b = socket.socketpair()
+    with a, b:
+        request = Request(a, time.monotonic() + 1200, pace=(0.3, 1000))
+        start = time.monotonic()
+        with pytest.raises(BadRequest) as cut:
+            request._recv()
+        assert cut.value.answer == R_SLOW and 0.25 < time.monotonic() - start < 5
+    a, b = socket.socketpair()
+    with a, b:
+        request = Request(a, time.monotonic() + 1200, pace=(0.3, 1000))
+        b.sendall(b"x" * 500)                  # earns half a second more
+        assert request._recv() == b"x" * 500
+        with pytest.raises(BadRequest):
+            request._recv()
+        assert 0.7 < time.monotonic() - request.started < 5
+    a, b = socket.socketpair()
+    with a, b:
+        request = Request(a, time.monotonic() + 1200, pace=(0.3, 1000))
+        b.sendall(b"y" * 100000)
+        got = b""
+        while len(got) < 100000:
+            got += request._recv()

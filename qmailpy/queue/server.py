@@ -41,6 +41,14 @@ _MAX_DIGITS = 20
 
 R_TRUNCATED = b"Zthe QMQP request ended early (#4.3.0)"
 R_TIMEOUT = b"Ztimeout reading the QMQP request (#4.4.2)"
+R_SLOW = b"Zthe QMQP request arrived too slowly (#4.4.2)"
+# An ordinary local client's request must arrive whole at this pace: within LOCAL_PACE[0]
+# seconds of a worker taking it, plus a second for each LOCAL_PACE[1] bytes. qmail's own
+# clients (sendmail, qmail-inject, qmail-queue's client) spool first and send at disk
+# speed; a silent or trickling connection gives its worker back within seconds instead
+# of the 1200 s of DEFAULT_TIMEOUT, so two users cannot keep a third waiting (issue 23).
+# qmaild and qmails (Server's `unlimited`) and TCP clients keep DEFAULT_TIMEOUT.
+LOCAL_PACE = (5.0, 256 * 1024)
 R_SYNTAX = NOT_QMQP
 R_SIZE = b"Dsorry, that message size exceeds my databytes limit (#5.3.4)"
 R_ADDRESS = ADDRESS_REFUSED
@@ -62,9 +70,12 @@ class BadRequest(OSError):
 class Request:
     """One QMQP request read from a connected socket before a deadline (time.monotonic())."""
 
-    def __init__(self, conn, deadline):
+    def __init__(self, conn, deadline, pace=None):
         self.conn = conn
         self.deadline = deadline
+        self.pace = pace          # (grace, bytes per second): see LOCAL_PACE
+        self.started = time.monotonic()
+        self.received = 0
         self.buf = b""
         self.left = 0             # bytes of the outer netstring not yet read
         self.message_left = 0
@@ -79,18 +90,25 @@ class Request:
         raise BadRequest(self.failure)
 
     def _recv(self):
-        remaining = self.deadline - time.monotonic()
+        deadline, answer = self.deadline, R_TIMEOUT
+        if self.pace is not None:
+            grace, rate = self.pace
+            due = self.started + grace + self.received / rate
+            if due < deadline:
+                deadline, answer = due, R_SLOW
+        remaining = deadline - time.monotonic()
         if remaining <= 0:
-            self.fail(R_TIMEOUT)
+            self.fail(answer)
         self.conn.settimeout(remaining)
         try:
             data = self.conn.recv(_CHUNK)
         except socket.timeout:
-            self.fail(R_TIMEOUT)
+            self.fail(answer)
         except OSError:
             self.fail(R_TRUNCATED)
         if not data:
             self.fail(R_TRUNCATED)
+        self.received += len(data)
         return data
 
     def _take(self, n):
@@ -214,13 +232,14 @@ def peer_uid(conn):
     return struct.unpack("3i", creds)[1]
 
 
-def handle(home, conn, uid, timeout, syncs=None, local=False, size_limit=None):
+def handle(home, conn, uid, timeout, syncs=None, local=False, size_limit=None, pace=None):
     """Read, queue and answer one request in a worker; the exit status. local: from the
     local socket, whose requests may carry a not-before time. size_limit: the control
-    file holding the largest message size (absent or 0: no limit), or None for none."""
+    file holding the largest message size (absent or 0: no limit), or None for none.
+    pace: (grace seconds, bytes per second) the request must arrive at (LOCAL_PACE)."""
     from qmailpy.home import ControlError, control_int
     from qmailpy.queue.qmailqueue import run_from
-    request = Request(conn, time.monotonic() + timeout)
+    request = Request(conn, time.monotonic() + timeout, pace)
     code = None
     try:
         databytes = 0 if size_limit is None else max(0, control_int(home, size_limit, 0))
@@ -265,12 +284,14 @@ class Server(WorkerServer):
     of the others, rounded up), and all of them together limit - reserved. A request
     beyond that waits in line, holding no worker, until it may take one (a burst of
     submissions from one cron job still goes through), and one beyond WAIT_PER_CLIENT
-    waiting, or WAIT_LIMIT waiting in all, gets R_TOO_MANY."""
+    waiting, or WAIT_LIMIT waiting in all, gets R_TOO_MANY. An ordinary local client's
+    request must arrive at LOCAL_PACE (else R_SLOW), so whoever holds workers with silent
+    connections gives them back within seconds, and those waiting in line get them first."""
 
     def __init__(self, home, local=None, tcp=None, tcp_uid=None, rules=None,
                  limit=DEFAULT_LIMIT, timeout=DEFAULT_TIMEOUT, warn=None,
                  max_use=DEFAULT_MAX_USE, max_idle=DEFAULT_MAX_IDLE, per_client=None,
-                 unlimited=(), reserved=None):
+                 unlimited=(), reserved=None, local_pace=LOCAL_PACE):
         super().__init__([s for s in (local, tcp) if s is not None], limit, max_use, max_idle,
                          per_client, WAIT_PER_CLIENT, WAIT_LIMIT,
                          default_reserved(limit) if reserved is None else reserved)
@@ -278,6 +299,7 @@ class Server(WorkerServer):
         self.local, self.tcp, self.tcp_uid = local, tcp, tcp_uid
         self.rules, self.warn = rules, warn
         self.timeout = timeout
+        self.local_pace = local_pace
         self.unlimited = frozenset(unlimited)
         from qmailpy import privs
         try:        # qmail's own submitters: SMTP (checked there), bounces, alias's forwards
@@ -322,7 +344,8 @@ class Server(WorkerServer):
             size_limit = NETWORK_CONTROL
         else:
             size_limit = None if context[1] in self.any_size else LOCAL_CONTROL
-        return handle(self.home, conn, context[1], self.timeout, self.syncs, local, size_limit)
+        pace = self.local_pace if local and self.client_of(context) is not None else None
+        return handle(self.home, conn, context[1], self.timeout, self.syncs, local, size_limit, pace)
 
     def _allowed(self, ip):
         if self.rules is None:
