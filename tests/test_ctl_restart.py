@@ -214,3 +214,30 @@ os.mkdir(log)
 os.mkfifo(os.path.join(log, fifo))
 os.symlink(target, os.path.join(log, link))
 """
+
+
+def test_root_runs_no_program_of_a_single_user_homes_bin(qmail_home):
+    # the home's user owns bin/ and its launchers: a qmail-start of theirs, run by root's
+    # qmailctl start, would run as root; root takes its own installation's programs instead
+    if os.geteuid() != 0:
+        pytest.skip("root and another account's programs")
+    pwned = os.path.join(qmail_home.path, "pwned")
+    plant = as_attacker(qmail_home, "import os, sys\n"
+                        "tmp = sys.argv[1] + '.new'\n"
+                        "with open(tmp, 'w') as f:\n"
+                        "    f.write('#!/bin/sh\\nid -u > %s\\nexit 1\\n' % sys.argv[2])\n"
+                        "os.chmod(tmp, 0o755)\n"
+                        "os.rename(tmp, sys.argv[1])\n",
+                        os.path.join(qmail_home.path, "bin", "qmail-start"), pwned)
+    assert plant.wait(timeout=30) == 0
+    plant.stdout.close()
+    start = ctl(qmail_home, "start")
+    try:
+        assert not os.path.exists(pwned), "root ran the user's bin/qmail-start"
+        assert start.returncode == 0, start.stderr.decode()
+        send = psutil.Process(pid_of(qmail_home, "qmail-send"))
+        assert send.uids().real == qmail_home.uid
+        assert not any(os.path.dirname(part) == os.path.join(qmail_home.path, "bin") for part in send.cmdline())
+    finally:
+        stop = ctl(qmail_home, "stop")
+    assert stop.returncode == 0, stop.stderr

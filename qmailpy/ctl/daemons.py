@@ -77,18 +77,47 @@ def _logdir(home):
 
 def _env(home):
     """The daemons' environment: QMAILHOME, and a PATH on which qmail-start is found:
-    HOME/bin first when `qmailctl init` wrote the programs there (as qmail's rc does)."""
+    HOME/bin first when `qmailctl init` wrote the programs there (as qmail's rc does)
+    and _bin_is_roots allows it."""
     import shutil
     from qmailpy.home import BIN
     env = dict(os.environ)
     env["QMAILHOME"] = home
     path = env.get("PATH", "/usr/bin:/bin")
+    bindir = os.path.join(home, BIN)
+    trusted = os.geteuid() != 0 or _bin_is_roots(home)
+    if not trusted:                 # not even where the caller's PATH names it
+        path = os.pathsep.join(d for d in path.split(os.pathsep)
+                               if not d or os.path.abspath(d) != bindir)
     if shutil.which("qmail-start", path=path) is None:
         path = os.path.dirname(sys.executable) + os.pathsep + path
-    if os.path.isdir(os.path.join(home, BIN)):
-        path = os.path.join(home, BIN) + os.pathsep + path
+    if trusted and os.path.isdir(bindir):
+        path = bindir + os.pathsep + path
     env["PATH"] = path
     return env
+
+
+def _bin_is_roots(home):
+    """Whether root may run HOME/bin's programs: bin/ and everything in it root's and
+    writable by no one else. A single-user home's bin/ and launchers are its user's,
+    who could rewrite qmail-start and so run anything as root; root then runs the
+    daemons from PATH or its own installation (the directory of sys.executable)."""
+    import stat
+    from qmailpy import nofollow
+    from qmailpy.home import BIN
+    try:
+        dfd = nofollow.open_path(home, BIN)
+    except OSError:
+        return False
+    try:
+        for st in [os.fstat(dfd)] + [os.stat(name, dir_fd=dfd, follow_symlinks=False) for name in os.listdir(dfd)]:
+            if st.st_uid != 0 or st.st_mode & 0o022 or not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                return False
+    except OSError:
+        return False
+    finally:
+        os.close(dfd)
+    return True
 
 
 def _read_pid(home, name):

@@ -5,7 +5,7 @@ started again at once, as qmail itself is run.
 Why service directories rather than a supervisor inside qmailctl: supervise is qmail's own
 answer, small, already packaged (daemontools, runit), and it outlives any mistake of ours;
 qmailctl only writes what it runs. Each directory DIR/NAME holds `run` (exports QMAILHOME
-and a PATH with HOME/bin first, then execs the daemon as `qmailctl start` would) and
+and a PATH with HOME/bin first when it is root's, then execs the daemon as `qmailctl start` would) and
 `log/run` (qmailctl's log writer: HOME/log/NAME.log, stamped and rotated by control/logsize
 and control/logcount, read again when they change). A supervised daemon has no pid file;
 `qmailctl stat` finds it by its command line and QMAILHOME, and `qmailctl start` reports
@@ -45,10 +45,15 @@ def services(args):
 
 
 def run_script(home, argv, extra):
+    """supervise runs it as root: HOME/bin first on PATH only when root may run its
+    programs (daemons._bin_is_roots; a single-user home's bin/ is its user's), else
+    the directory of this installation's interpreter."""
+    from qmailpy.ctl.daemons import _bin_is_roots
     from qmailpy.home import BIN
+    first = os.path.join(home, BIN) if _bin_is_roots(home) else os.path.dirname(sys.executable)
     lines = ["#!/bin/sh", MARK + ": supervise(8) or runsv(8) runs it.", "exec 2>&1",
              "QMAILHOME=%s; export QMAILHOME" % shlex.quote(home),
-             "PATH=%s:/usr/local/bin:/usr/bin:/bin; export PATH" % shlex.quote(os.path.join(home, BIN))]
+             "PATH=%s:/usr/local/bin:/usr/bin:/bin; export PATH" % shlex.quote(first)]
     lines += ["%s=%s; export %s" % (k, shlex.quote(v), k) for k, v in sorted(extra.items())]
     lines.append("exec " + " ".join(shlex.quote(a) for a in argv))
     return "\n".join(lines) + "\n"
