@@ -241,3 +241,17 @@ def test_root_runs_no_program_of_a_single_user_homes_bin(qmail_home):
     finally:
         stop = ctl(qmail_home, "stop")
     assert stop.returncode == 0, stop.stderr
+
+
+def test_roots_check_waits_on_no_fifo_in_a_single_user_homes_bin(qmail_home):
+    if os.geteuid() != 0:
+        pytest.skip("root and another account's directory")
+    launcher = os.path.join(qmail_home.path, "bin", "qmail-send")
+    plant = as_attacker(qmail_home, "import os, sys; os.unlink(sys.argv[1]); os.mkfifo(sys.argv[1])", launcher)
+    assert plant.wait(timeout=30) == 0
+    plant.stdout.close()
+    try:
+        done = qmail_home.run(["qmailctl", "check", "--home", qmail_home.path], timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("root's qmailctl check hung on a FIFO at bin/qmail-send")
+    assert b"Traceback" not in done.stderr, done.stderr

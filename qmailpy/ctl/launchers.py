@@ -192,9 +192,15 @@ def written_by(home, program="qmail-send"):
     """(python, paths) of the launcher HOME/bin/program that init wrote, or None when
     there is none (a home laid out by qmail itself, or not initialized yet)."""
     import ast
+    from qmailpy import nofollow
     from qmailpy.home import BIN
-    try:
-        with open(os.path.join(home, BIN, program)) as f:
+    try:        # through bin/'s descriptor: a single-user home's bin/ is its user's (a FIFO hung root)
+        dfd = nofollow.open_path(home, BIN)
+        try:
+            fd = nofollow.open_file(program, dfd)
+        finally:
+            os.close(dfd)
+        with os.fdopen(fd) as f:
             text = f.read(65536)
     except (OSError, UnicodeDecodeError):
         return None
