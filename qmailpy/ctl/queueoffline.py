@@ -81,13 +81,13 @@ def run(args):
     from qmailpy.ctl.logwriter import open_for_append, stamped
     home = qmail_home(args.home)
     try:
+        if queueact.send_running(home):
+            return None                          # qmail-send deletes and logs it itself
+    except OSError:
+        pass                                     # lock_send says what is wrong
+    try:
         log = open_for_append(home, SEND_LOG)
     except OSError as e:
-        try:
-            if queueact.send_running(home):
-                return None                      # qmail-send deletes and logs it itself
-        except OSError:
-            pass
         print("qmailctl queue delete: qmail-send is not running, and its log cannot be written "
               "(%s); nothing done" % e, file=sys.stderr)
         return queueact.EXIT_TEMP
