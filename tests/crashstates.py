@@ -35,7 +35,50 @@ states a disk may hold after a power cut in the middle of a protocol:
 Not modelled: inode numbers. hold() keeps every removed file's inode allocated and a
 rebuilt file gets a new inode, so a new message taking a removed message's number (qmail
 names messages by inode) between the operations and the cut is never built; the tests
-cover number reuse with the real processes instead (tests/test_logqueue_reused_number.py).
+cover number reuse with the real processes instead (tests/test_logqueue_reused_number.py,
+which plays a new qmail-queue's steps at a chosen number). What modelling it would take:
+- A recording cannot make the reuse happen: the kernel hands out inode numbers (tmpfs
+  from a counter that never goes back), so the states must synthesise it. Dropping
+  hold() for one message only frees its inode; nothing makes the next qmail-queue get it.
+- Synthesis, per state: a message A whose removal (unlink of mess/S/A; on the log
+  backend its FINISH, then the body's unlink) lies before the prefix, and a message B
+  whose pid/ file is created after that unlink; rename B to A in every op from B's
+  create on: paths (pid/ link -> mess/(A % split)/A, intd/, todo/, info/, local/,
+  remote/, bounce/; the fsyncdir of mess/(B % split)/ becomes that of A's directory)
+  and, on the log backend, the u64 number in every record of B (ENVELOPE, snapshots,
+  START, DELIVERY, FINISH) with its CRC-32C recomputed (logrecords.frame; the size is
+  the same, so offsets and later records stay put) and B's entries in a checkpoint or
+  counts file written after it. B's link at mess/S/A comes after A's unlink there, so
+  one fsync of mess/S/ makes both durable: the states to keep are those that lose A's
+  FINISH or A's todo/info removals while B's mess/S/A is kept (A's records say "in
+  flight" and the body is B's) - the revived-A-with-B's-body state of issue 29.
+- Tree.key() would then need the number in the identity (it has it through the
+  paths), and the checks: B reaches its recipients whole, and no recipient of A gets a
+  copy whose X-Crash-Id is B's.
+- The known-bad variant it must catch: qmail-send unlinking a finished message's body
+  before its FINISH is appended and synced (log backend), or removing mess/S/n before
+  the message's info/ and channel files are durably gone (directory backend). Without
+  reuse the state "body gone, FINISH lost" is set aside and loses nothing (the
+  message was delivered); with B at A's number and B acknowledged (its ENVELOPE's
+  fsync, or todo/'s, made B's link durable), A comes back with B's body for A's
+  recipients and A's end removes B's body: an acknowledged message lost. (The defect
+  bench/kill_campaign.py found, recovery cleaning a replayed FINISH's body without the
+  exclusive flock on queue/, LogRecovery._clean_replayed, needs a qmail-queue running
+  across the recovery: no power-cut state has one; it stays with
+  tests/test_logqueue_reused_number.py.)
+
+Tears: a tear keeps a prefix of one write. Every write the recorded protocols make past
+a sector is an append (segment records, bodies, Maildir files, checkpoint and counts
+temporaries), and a torn append leaves a record or file shorter than it declares: the
+log rejects it by its length before its CRC (logrecords.decode_one), a checkpoint or
+counts temporary is fsync'd (or checksummed) before its rename. A cut at a sector
+boundary therefore finds what the cut at half does, except where it leaves less than a
+record header (12 bytes) of an append: decode_one's first test. The writes made in
+place (the 1-byte garbage flag, the 56-byte commit word) cross no sector. No known-bad
+variant yet shows a defect only a boundary tear exposes, nor one only "two unsynced
+lost" exposes (a missing fsync is caught by the single drop of what it should have
+made durable; a pair-only defect needs two unsynced operations that each make up for
+the other's loss, and none is known in the recorded protocols).
 
 Paths in a Tree and an Op are relative to pre: "queue/mess/3/123", "homes/a/Maildir/new/x".
 
