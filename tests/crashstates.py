@@ -37,10 +37,17 @@ rebuilt file gets a new inode, so a new message taking a removed message's numbe
 names messages by inode) between the operations and the cut is never built; the tests
 cover number reuse with the real processes instead (tests/test_logqueue_reused_number.py,
 which plays a new qmail-queue's steps at a chosen number). What modelling it would take:
-- A recording cannot make the reuse happen: the kernel hands out inode numbers (tmpfs
-  from a counter that never goes back), so the states must synthesise it. Dropping
-  hold() for one message only frees its inode; nothing makes the next qmail-queue get it.
-- Synthesis, per state: a message A whose removal (unlink of mess/S/A; on the log
+- Recording it: ext4 (the tests' file system here) usually hands a freed inode to the
+  next file created in its block group (a create after an unlink in one directory got
+  the same number five times of five), so a recording may reuse a number if hold()
+  spares the removed message's files and a new qmail-queue runs, in the same strace,
+  after the removal:
+  the send run's recording would need a driver that starts qmail-start and, once A's
+  mess file is gone (inotify), queues B, checking that B's number is A's (tmpfs
+  numbers inodes from a counter and never reuses one; there the states must
+  synthesise it). Ops name inodes logically and paths by number, so build() and
+  materialise() keep such a reuse as recorded.
+- Or synthesis, per state: a message A whose removal (unlink of mess/S/A; on the log
   backend its FINISH, then the body's unlink) lies before the prefix, and a message B
   whose pid/ file is created after that unlink; rename B to A in every op from B's
   create on: paths (pid/ link -> mess/(A % split)/A, intd/, todo/, info/, local/,
