@@ -140,3 +140,33 @@ def open_file(name, dir_fd, flags=os.O_RDONLY, kind=stat.S_IFREG, mode=0o600):
         os.close(fd)
         raise
     return fd
+
+
+def replace(dir_fd, name, data, mode, owner=None, sync=False):
+    """name in dir_fd holds data whole or not at all: written as a fresh NAME.tmp (a name
+    planted there is unlinked first, never written through: O_EXCL|O_NOFOLLOW), fsynced
+    when asked, fchowned to owner (uid, gid) when given, fchmodded, renamed by descriptor."""
+    from qmailpy.fileio import write_all
+    tmp = name + ".tmp"
+    try:
+        os.unlink(tmp, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    try:
+        try:
+            write_all(fd, data)
+            if sync:
+                os.fsync(fd)
+            if owner is not None:
+                os.fchown(fd, *owner)
+            os.fchmod(fd, mode)             # after fchown, which clears setgid bits
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise

@@ -164,23 +164,10 @@ def write_roles(home, roles):
     # through control/'s descriptor, the temporary name made afresh: root writes here
     # also in a single-user home, whose control/ its user owns (docs/security.md)
     from qmailpy import nofollow
-    from qmailpy.fileio import write_all
     directory, name = os.path.split(ROLES_FILE)
-    tmp = name + ".tmp"
     dfd = nofollow.open_path(home, directory)
     try:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644, dir_fd=dfd)
-        try:
-            write_all(fd, "".join(lines).encode())
-            os.fchmod(fd, 0o644)
-        finally:
-            os.close(fd)
-        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        nofollow.replace(dfd, name, "".join(lines).encode(), 0o644)
     finally:
         os.close(dfd)
 

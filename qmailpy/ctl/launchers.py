@@ -245,22 +245,8 @@ def check_runnable(roles, python=None, paths=None):
 
 def _write_launcher(bfd, name, text, uid, gid):
     """bin/NAME, written as a fresh NAME.tmp and renamed, all through bin/'s descriptor."""
-    from qmailpy.fileio import write_all
-    tmp = name + ".tmp"
-    try:
-        os.unlink(tmp, dir_fd=bfd)
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o755,
-                 dir_fd=bfd)
-    try:
-        write_all(fd, text.encode())
-        if uid is not None:
-            os.fchown(fd, uid, gid)
-        os.fchmod(fd, 0o755)
-    finally:
-        os.close(fd)
-    os.replace(tmp, name, src_dir_fd=bfd, dst_dir_fd=bfd)
+    from qmailpy import nofollow
+    nofollow.replace(bfd, name, text.encode(), 0o755, None if uid is None else (uid, gid))
 
 
 def _is_ours(bfd, name):
