@@ -421,3 +421,36 @@ def test_root_reads_no_control_file_through_a_fifo_or_the_users_symlink(qmail_ho
     why = "not a regular file" if what == "fifo" else "a symbolic link another account could have made"
     with pytest.raises(ControlError, match="unable to read control/me: " + why):
         control_value(qmail_home.path, "me")
+
+
+def test_convert_writes_no_marker_through_a_symlink(qmail_home, victim):  # noqa: F811
+    # queue/lock/ is qmailq's: root's qmailctl convert wrote lock/convert.tmp by name, then
+    # chmodded it 0644 and chowned it to lock/'s owner by name
+    plant_symlink(qmail_home, "queue/lock/convert.tmp", victim)
+    done = qmail_home.run(["qmailctl", "convert", "--to", "log", "--quiet"])
+    assert unchanged(victim), os.lstat(victim)
+    assert done.returncode == 0, done.stderr
+
+
+def test_convert_waits_on_no_fifo_for_the_send_lock(qmail_home):
+    mutex = os.path.join(qmail_home.queue, "lock", "sendmutex")
+    proc = as_attacker(qmail_home, "import os, sys; os.unlink(sys.argv[1]); os.mkfifo(sys.argv[1])", mutex)
+    assert proc.wait(timeout=30) == 0
+    proc.stdout.close()
+    try:
+        done = qmail_home.run(["qmailctl", "convert", "--to", "log", "--quiet"], timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("root's qmailctl convert hung on a FIFO at lock/sendmutex")
+    assert done.returncode == 1 and b"sendmutex: a named pipe" in done.stderr, done.stderr
+
+
+def test_smtp_listener_reads_no_client_rules_through_the_users_symlink(qmail_home, victim):  # noqa: F811
+    # qmail-smtpd-listen (root) read control/smtpclients by name, and its parse error quoted
+    # the linked file's first line into the log
+    rules = os.path.join(qmail_home.path, "control", "smtpclients")
+    proc = as_attacker(qmail_home, "import os, sys; os.symlink(sys.argv[2], sys.argv[1])", rules, victim)
+    assert proc.wait(timeout=30) == 0
+    proc.stdout.close()
+    done = qmail_home.run(["qmail-smtpd-listen", "127.0.0.1:1"], timeout=60)
+    assert SECRET.strip() not in done.stderr, done.stderr
+    assert done.returncode == 111 and b"a symbolic link another account could have made" in done.stderr, done.stderr

@@ -28,23 +28,27 @@ def add_arguments(parser, name):
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _write_durably(path, text, model_dir):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    st = os.stat(model_dir)
-    os.chmod(tmp, 0o644)
-    if os.geteuid() == 0:
-        os.chown(tmp, st.st_uid, st.st_gid)
-    os.rename(tmp, path)
-    fsync_dir(model_dir)
+def _write_durably(path, text):
+    """path holds text whole (a fresh .tmp, synced, renamed), owned like its directory
+    when run as root. Through the directory's descriptor (qmailpy.nofollow):
+    queue/lock/ is qmailq's and a single-user home's control/ its user's, and a symlink
+    planted at NAME.tmp had root write through it, chmod it 0644 and chown it to them."""
+    from qmailpy import nofollow
+    directory, name = os.path.split(path)
+    parent, base = os.path.split(os.path.abspath(directory))
+    dfd = nofollow.open_path(parent, base)
+    try:
+        st = os.fstat(dfd)
+        nofollow.replace(dfd, name, text.encode(), 0o644,
+                         (st.st_uid, st.st_gid) if os.geteuid() == 0 else None, sync=True)
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def _set_backend(home, name):
     control = os.path.join(home, "control")
-    _write_durably(os.path.join(control, "queuebackend"), name + "\n", control)
+    _write_durably(os.path.join(control, "queuebackend"), name + "\n")
 
 
 def _marker(home):
@@ -52,11 +56,17 @@ def _marker(home):
 
 
 def _read_marker(home):
+    from qmailpy import nofollow
     try:
-        with open(_marker(home)) as f:
-            name = f.read().strip()
+        lock = nofollow.open_path(home, os.path.join("queue", "lock"))
+        try:
+            fd = nofollow.open_file(os.path.basename(_marker(home)), lock)
+        finally:
+            os.close(lock)
     except FileNotFoundError:
         return None
+    with os.fdopen(fd) as f:
+        name = f.read().strip()
     return name if name in ("log", "dir") else None
 
 
@@ -99,7 +109,7 @@ def _resume(home, current, step):
 def _convert(home, to, progress, step):
     from qmailpy.backends.logconvert import ConvertError, dir_to_log, log_to_dir, remove_dir, remove_log
     queue = os.path.join(home, "queue")
-    _write_durably(_marker(home), to + "\n", os.path.dirname(_marker(home)))
+    _write_durably(_marker(home), to + "\n")
     step("marker")
     try:
         count = dir_to_log(home, progress, step) if to == "log" else log_to_dir(home, progress, step)
@@ -143,10 +153,16 @@ def run(args):
         print("qmailctl convert: %s" % e, file=sys.stderr)
         return 1
     mutex = os.path.join(home, "queue", "lock", "sendmutex")
+    from qmailpy import nofollow
     try:
-        fd = os.open(mutex, os.O_WRONLY)
+        # lock/ is qmailq's: a FIFO there held root's open for writing until a reader came
+        lock = nofollow.open_path(home, os.path.join("queue", "lock"))
+        try:
+            fd = nofollow.open_file("sendmutex", lock, os.O_WRONLY)
+        finally:
+            os.close(lock)
     except OSError as e:
-        print("qmailctl convert: unable to open %s: %s" % (mutex, e.strerror), file=sys.stderr)
+        print("qmailctl convert: unable to open %s: %s" % (mutex, e.strerror or e), file=sys.stderr)
         return 1
     try:
         try:

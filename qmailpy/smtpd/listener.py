@@ -172,11 +172,15 @@ class Rules:
         if signature is None:
             self.signature, self.table = None, {}
             return None
+        # as control/ files are read (qmailpy.home): qmail-smtpd-listen reads it as root, and
+        # a single-user home's user could link it to /etc/shadow, whose first line the parse
+        # error below would then quote in the user's log
+        from qmailpy.home import ControlError, control_bytes
         try:
-            with open(self.path, encoding="utf-8", errors="surrogateescape") as f:
-                table = parse_rules(f.read())
-        except OSError as e:
-            return self._failed(signature, "unable to read %s: %s" % (self.path, e.strerror))
+            data = control_bytes(self.path, self.path)
+            table = parse_rules((data or b"").decode("utf-8", "surrogateescape"))
+        except ControlError as e:
+            return self._failed(signature, str(e))
         except ValueError as e:
             return self._failed(signature, "unable to parse %s: %s" % (self.path, e))
         self.signature, self.table = signature, table
