@@ -454,3 +454,19 @@ def test_smtp_listener_reads_no_client_rules_through_the_users_symlink(qmail_hom
     done = qmail_home.run(["qmail-smtpd-listen", "127.0.0.1:1"], timeout=60)
     assert SECRET.strip() not in done.stderr, done.stderr
     assert done.returncode == 111 and b"a symbolic link another account could have made" in done.stderr, done.stderr
+
+
+def test_convert_to_dir_writes_no_envelope_through_a_symlink(qmail_home, victim):
+    # queue/intd/ is qmailq's (info/, bounce/ and hold/ qmails'): root's qmailctl convert
+    # --to dir opened intd/N by name with O_TRUNC, then chowned it to intd/'s owner by name
+    done = qmail_home.queue_message(b"Subject: x\n\nbody\n", b"s@x.example", [b"a@test.example"])
+    assert done.returncode == 0, done.stderr
+    (n,) = os.listdir(os.path.join(qmail_home.queue, "todo"))
+    done = qmail_home.run(["qmailctl", "convert", "--to", "log", "--quiet"])
+    assert done.returncode == 0, done.stderr
+    plant_symlink(qmail_home, "queue/intd/" + n, victim)
+    done = qmail_home.run(["qmailctl", "convert", "--to", "dir", "--quiet"])
+    assert unchanged(victim), os.lstat(victim)
+    assert done.returncode == 1 and b"%s: a symbolic link: refused" % n.encode() in done.stderr, done.stderr
+    with open(os.path.join(qmail_home.path, "control", "queuebackend"), "rb") as f:
+        assert f.read() == b"log\n"             # the source is kept: the message is still queued

@@ -12,8 +12,9 @@ out for the whole run. `step(name)` is called at each point where a crash would
 leave a different state on disk (tests kill the process there).
 """
 import os
+import stat
 
-from qmailpy import envelope, states
+from qmailpy import envelope, nofollow, states
 from qmailpy.backends import logrecords as R
 from qmailpy.backends.logcommit import LOG_DIR, LogWriter, fsync_dir, list_segments, segment_name
 from qmailpy.backends.logcounts import COUNTS
@@ -222,16 +223,42 @@ def _size(queue, n):
 
 # --- log -> dir ---------------------------------------------------------------------
 
-def _own_like(path, model):
-    """Run as root: give path (and a directory's files) model's owner and group."""
-    if os.geteuid() != 0:
-        return
-    st = os.stat(model)
-    paths = [path]
-    if os.path.isdir(path):
-        paths += [os.path.join(path, x) for x in os.listdir(path)]
-    for p in paths:
-        os.chown(p, st.st_uid, st.st_gid)
+class _Dirs:
+    """Descriptors of the queue's directories, each opened once by qmailpy.nofollow (as
+    root from / with O_NOFOLLOW): queue/ and everything in it belong to qmailq and qmails,
+    whose symlink at a name root wrote by path had root truncate and chown the linked file."""
+
+    def __init__(self, home):
+        self.home, self.fds = home, {}
+
+    def fd(self, rel):
+        if rel not in self.fds:
+            self.fds[rel] = nofollow.open_path(self.home, os.path.join("queue", rel))
+        return self.fds[rel]
+
+    def close(self):
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+def _chown_tree(dfd, uid, gid):
+    """Give every directory and file below the open directory dfd uid and gid, each
+    through its own descriptor: a symlink, FIFO or linked file there is Refused."""
+    for name in os.listdir(dfd):
+        if stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+            fd = nofollow.open_dir(name, dfd)
+            try:
+                _chown_tree(fd, uid, gid)
+                os.fchown(fd, uid, gid)
+            finally:
+                os.close(fd)
+        else:
+            fd = nofollow.open_file(name, dfd)
+            try:
+                os.fchown(fd, uid, gid)
+            finally:
+                os.close(fd)
 
 
 def _own_as_layout(home, rel):
@@ -244,24 +271,42 @@ def _own_as_layout(home, rel):
     (entry,) = [e for e in layout.load_layout() if e.path == rel]
     owners = layout.Owners(home)
     uid, gid = owners.uid(entry.owner), owners.gid(entry.group)
-    top = os.path.join(home, rel)
-    for where, dirs, files in os.walk(top):
-        for name in dirs + files:
-            os.lchown(os.path.join(where, name), uid, gid)
-    os.lchown(top, uid, gid)
-    os.chmod(top, entry.mode)
+    top = nofollow.open_path(home, rel)
+    try:
+        _chown_tree(top, uid, gid)
+        os.fchown(top, uid, gid)
+        os.fchmod(top, entry.mode)
+    finally:
+        os.close(top)
 
 
-def _write_file(path, data, mtime=None, mode=0o600):
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+def _write_file(dirs, rel, name, data, mtime=None, mode=0o600):
+    """queue/rel/name holds data, owned (as root) like queue/rel; opened through the
+    directory's descriptor by nofollow.open_file, which refuses a symlink, FIFO or
+    linked file before O_TRUNC cuts anything."""
+    dfd = dirs.fd(rel)
+    fd = nofollow.open_file(name, dfd, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode=mode)
     try:
         write_all(fd, data)
         os.fsync(fd)
+        if os.geteuid() == 0:
+            st = os.fstat(dfd)
+            os.fchown(fd, st.st_uid, st.st_gid)
+        if mtime is not None:
+            os.utime(fd, (mtime, mtime))
     finally:
         os.close(fd)
-    _own_like(path, os.path.dirname(path))
-    if mtime is not None:
-        os.utime(path, (mtime, mtime))
+
+
+def _make_hold_dir(dirs):
+    """queue/hold/ for a home older than it, owned (as root) like queue/bounce/."""
+    try:
+        os.mkdir(HOLD_DIR, 0o700, dir_fd=dirs.fd("."))
+    except FileExistsError:
+        return
+    if os.geteuid() == 0:
+        st = os.fstat(dirs.fd("bounce"))
+        os.fchown(dirs.fd(HOLD_DIR), st.st_uid, st.st_gid)
 
 
 def log_to_dir(home, progress=None, step=_no_step):
@@ -271,6 +316,7 @@ def log_to_dir(home, progress=None, step=_no_step):
     latest = lq.latest_states()
     source = log_messages(lq)
     held = False
+    dirs = _Dirs(home)
     bar = Progress(len(latest), "converting to dir", progress)
     try:
         for i, n in enumerate(sorted(latest)):
@@ -280,29 +326,29 @@ def log_to_dir(home, progress=None, step=_no_step):
             rec = m["rec"]
             if m["state"] == states.S4:
                 data = envelope.todo_bytes(rec.uid, rec.qp, rec.sender, rec.recipients)
-                intd = os.path.join(queue, "intd", str(n))
-                _write_file(intd, data, rec.time, mode=0o644)
-                os.link(intd, os.path.join(queue, "todo", str(n)))
+                _write_file(dirs, "intd", str(n), data, rec.time, mode=0o644)
+                os.link(str(n), str(n), src_dir_fd=dirs.fd("intd"), dst_dir_fd=dirs.fd("todo"),
+                        follow_symlinks=False)
             else:
                 for c, (due, _) in rec.channels.items():
                     recs = source[n][2][c]
-                    _write_file(os.path.join(queue, relpath(c, n)),
+                    _write_file(dirs, os.path.dirname(relpath(c, n)), str(n),
                                 b"".join((b"D" if d else b"T") + a + b"\0" for d, a in recs), due)
                 if m["notes"]:
-                    _write_file(os.path.join(queue, "bounce", str(n)), m["notes"])
-                _write_file(os.path.join(queue, relpath("info", n)), envelope.info_bytes(rec.sender),
-                            rec.birth)
+                    _write_file(dirs, "bounce", str(n), m["notes"])
+                _write_file(dirs, os.path.dirname(relpath("info", n)), str(n),
+                            envelope.info_bytes(rec.sender), rec.birth)
                 if rec.held:
-                    if not held and not os.path.isdir(os.path.join(queue, HOLD_DIR)):
-                        os.mkdir(os.path.join(queue, HOLD_DIR), 0o700)   # a home older than hold/
-                        _own_like(os.path.join(queue, HOLD_DIR), os.path.join(queue, "bounce"))
-                    _write_file(os.path.join(queue, HOLD_DIR, str(n)), b"%d\n" % rec.birth)
+                    if not held:
+                        _make_hold_dir(dirs)
+                    _write_file(dirs, HOLD_DIR, str(n), b"%d\n" % rec.birth)
                     held = True
             bar.step()
+        for d in ENVELOPE_DIRS + ((HOLD_DIR,) if held else ()):
+            os.fsync(dirs.fd(d))
     finally:
+        dirs.close()
         bar.end()
-    for d in ENVELOPE_DIRS + ((HOLD_DIR,) if held else ()):
-        fsync_dir(os.path.join(queue, d))
     target = dir_messages(queue)
     bad = _same(source, target)
     if bad:
