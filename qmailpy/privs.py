@@ -37,6 +37,15 @@ passwd/group databases at run time, as qmail-lspawn and qmail-getpw do):
                                      uid slot); else no-op
     switch_to(uid, gid, groups)      the same for an explicit account (qmail-lspawn's
                                      recipients); refuses uid 0 with RootRefused
+    only_the_owner(owner, role, acct, gid)   PrivError unless acct and gid are the owner's
+    home_owner(home)                 root: the Owner (uid, gid, name, where) of a home whose
+                                     control/ or users/ an account other than root owns,
+                                     else None; become() and qmail-lspawn switch only to it
+
+A home whose control/ or users/ belongs to an account U other than root (a
+single-user home) is U's to edit: started as root, its programs switch to U and
+nothing else, whatever control/roles or users/assign say
+(docs/security.md "Single-user homes started as root"). A root-owned home trusts both.
 
 Errors: PrivError (role's account or group does not exist, or the switch
 failed) and its subclass RootRefused (the account is uid 0).
@@ -246,6 +255,51 @@ def role_uids(home, wanted=USER_ROLES, roles=None):
     return found
 
 
+class Owner:
+    """The account other than root that owns a home's control/ or users/ (where: which)."""
+    __slots__ = ("uid", "gid", "name", "where")
+
+    def __init__(self, uid, gid, name, where):
+        self.uid, self.gid, self.name, self.where = uid, gid, name, where
+
+
+def home_owner(home):
+    """Owner of the home's control/ or users/ when an account other than root owns
+    either, else None (a root-owned home, or not running as root). Found through
+    descriptors opened with O_NOFOLLOW (qmailpy.nofollow): the name is the owner's to
+    swap. PrivError when the two belong to different accounts or the owner has no
+    passwd entry."""
+    if os.geteuid() != 0:
+        return None
+    from qmailpy import nofollow
+    owners = {}
+    for where in ("control", "users"):
+        try:
+            fd = nofollow.open_path(home, where)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise PrivError("unable to open %s/: %s" % (where, e.strerror or e)) from e
+        try:
+            uid = os.fstat(fd).st_uid
+        finally:
+            os.close(fd)
+        if uid != 0:
+            owners.setdefault(uid, where)
+    if not owners:
+        return None
+    if len(owners) > 1:
+        raise PrivError("control/ and users/ belong to different accounts (uids %s); refusing"
+                        % " and ".join(str(u) for u in sorted(owners)))
+    (uid, where), = owners.items()
+    import pwd
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        raise PrivError("%s/ belongs to uid %d, which has no account; refusing" % (where, uid)) from None
+    return Owner(uid, pw.pw_gid, pw.pw_name, where)
+
+
 def switch_to(uid, gid, groups=()):
     """setgroups, setgid, setuid (in that order; setuid as root sets all three uid
     slots, so nothing can switch back). RootRefused for uid 0.
@@ -276,6 +330,9 @@ def become(home, role, roles=None):
     if os.geteuid() != 0:
         return False
     gid = group_id(home, ROLE_GROUP.get(role, "qmail"), roles)
+    owner = home_owner(home)
+    if owner is not None:
+        only_the_owner(owner, role, acct, gid)
     groups = [gid]
     if role in LOG_WRITERS:
         try:
@@ -286,5 +343,20 @@ def become(home, role, roles=None):
             groups.append(log_gid)
     if role in KEEPS_OWN_GROUPS:
         groups += [g for g in os.getgrouplist(acct.name, acct.gid) if g not in groups]
+    if owner is not None:               # only groups the owner is in (a roles file's qmaillog)
+        own = os.getgrouplist(owner.name, owner.gid)
+        groups = [g for g in groups if g == gid or (g != 0 and g in own)]
     switch_to(acct.uid, gid, groups)
     return True
+
+
+def only_the_owner(owner, role, acct, gid):
+    """A home its owner's to edit: every role is the owner, with the owner's group."""
+    if acct.uid != owner.uid:
+        raise PrivError("role %s is account %s (uid %d), but %s/ belongs to %s (uid %d): a home "
+                        "owned by an account other than root runs only as that account; refusing"
+                        % (role, acct.name, acct.uid, owner.where, owner.name, owner.uid))
+    if gid != owner.gid or gid == 0:
+        raise PrivError("role %s runs with gid %d, but %s/ belongs to %s (gid %d): a home owned "
+                        "by an account other than root runs only with that account's group; "
+                        "refusing" % (role, gid, owner.where, owner.name, owner.gid))

@@ -13,10 +13,14 @@ account is idle) a fork.
 
 Privileges: run as root (as qmail-start does), a worker switches to its
 recipient's uid and gid (groups = just that gid) in every slot, for good,
-and uid 0 is refused (exit 113). Run as an ordinary user, no switch is
-possible: a recipient whose uid is this process's uid is delivered as usual
-(a single-user home, where users/assign and the alias role name that one
-account), any other recipient gets a temporary failure that says so.
+and uid 0 is refused (exit 113). In a home whose control/ or users/ an
+account other than root owns (a single-user home), that account's users/assign
+names nobody else: any other uid or gid, and gid 0, gets a temporary failure
+(privs.home_owner; docs/security.md "Single-user homes started as root").
+Run as an ordinary user, no switch is possible: a recipient whose uid is this
+process's uid is delivered as usual (a single-user home, where users/assign and
+the alias role name that one account), any other recipient gets a temporary
+failure that says so.
 
 The lookup (users/cdb, then the passwd database: qmail's qmail-getpw, which
 qmail runs as qmailp) happens in qmail-lspawn itself, before a worker is
@@ -91,5 +95,9 @@ def run(home, aliasempty, infd=0, outfd=1):
         return 111
 
     from qmailpy.local.workerpool import DeliveryWorkers
-    pool = DeliveryWorkers(home, aliasempty)
+    try:
+        pool = DeliveryWorkers(home, aliasempty)
+    except privs.PrivError as e:
+        os.write(2, b"qmail-lspawn: fatal: %s\n" % str(e).encode())
+        return 111
     return spawn.serve(None, report, expected_owner=owner, infd=infd, outfd=outfd, pool=pool)

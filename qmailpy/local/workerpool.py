@@ -46,6 +46,10 @@ class DeliveryWorkers(workers.Pool):
         self.home, self.aliasempty = home, aliasempty
         self.base_environ = dict(os.environb)
         self.root = os.geteuid() == 0
+        # a home another account owns (docs/security.md "Single-user homes started as
+        # root"): its users/assign is that account's, so it names no one else to become
+        from qmailpy import privs
+        self.owner = privs.home_owner(home) if self.root else None
 
     def start(self, cmd, messfd, out_w):
         """Hand the delivery to a worker (None), or the (wstat, output) of one that needs none.
@@ -70,6 +74,13 @@ class DeliveryWorkers(workers.Pool):
         if not self.root and found.uid != os.getuid():
             return _exited(111), (b"Unable to deliver as uid %d: qmail-lspawn runs as uid %d,"
                                   b" not root. (#4.3.0)\n" % (found.uid, os.getuid()))
+        if self.owner is not None and ((found.uid, found.gid) != (self.owner.uid, self.owner.gid)
+                                       or found.gid == 0):
+            return _exited(111), (
+                b"Unable to switch to uid %d gid %d: this home's %s/ belongs to %s (uid %d gid %d),"
+                b" which may deliver only as itself. (#4.3.0)\n"
+                % (found.uid, found.gid, self.owner.where.encode(),
+                   os.fsencode(self.owner.name), self.owner.uid, self.owner.gid))
         key = (found.uid, found.gid)
         job = marshal.dumps((found.user, found.home, local, found.dash, found.ext, domain,
                              cmd.sender))

@@ -32,6 +32,9 @@ def drop(home):
     if qmaild.uid == 0:
         raise privs.RootRefused("qmaild must not be uid 0")
     gid = privs.group_id(home, "nofiles", roles)
+    owner = privs.home_owner(home)
+    if owner is not None:
+        privs.only_the_owner(owner, "qmaild", qmaild, gid)
     os.setgroups([gid])
     os.setresgid(gid, gid, gid)
     os.setresuid(qmaild.uid, qmaild.uid, qmaild.uid)
