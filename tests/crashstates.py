@@ -585,8 +585,8 @@ def hold(roots, holddir):
         for dirpath, _, filenames in os.walk(path):
             if name == "queue" and os.path.relpath(dirpath, path).split("/")[0] == "lock":
                 continue
-            for name in filenames:
-                full = os.path.join(dirpath, name)
+            for filename in filenames:
+                full = os.path.join(dirpath, filename)
                 if stat.S_ISREG(os.lstat(full).st_mode):
                     n += 1
                     os.link(full, os.path.join(holddir, str(n)))
