@@ -129,6 +129,20 @@ def test_a_start_whose_log_rotates_on_its_first_line(qmail_home):
     assert stop.returncode == 0, stop.stderr
 
 
+def test_a_fifo_named_like_a_rotated_log_does_not_hang_start(qmail_home):
+    """qmailctl start reads the log's new lines, rotations included, to see a daemon come
+    up: a FIFO that the home's user left under a rotated log's name is passed over."""
+    logdir = os.path.join(qmail_home.path, "log")
+    os.makedirs(logdir, exist_ok=True)
+    os.mkfifo(os.path.join(logdir, "qmail-send.@0000000000000000.log"))
+    try:
+        done = ctl(qmail_home, "start")
+    finally:
+        stop = ctl(qmail_home, "stop")
+    assert done.returncode == 0 and b"qmail-send started" in done.stdout, done.stderr.decode()
+    assert stop.returncode == 0, stop.stderr
+
+
 def test_stop_by_an_account_that_may_not_signal_says_so(qmail_home):
     if os.geteuid() != 0:
         pytest.skip("needs root: the daemons must run as an account other than the caller's")
