@@ -51,3 +51,15 @@ def write_all(fd, data):
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def create_fresh(path, mode):
+    """A descriptor of a new file at path, open for writing: whatever is at the name (a
+    stale copy, or a symlink or FIFO another account planted in a shared directory such
+    as queue/log/) is unlinked first, and the file made with O_EXCL | O_NOFOLLOW, so it
+    is never written through."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)

@@ -470,3 +470,18 @@ def test_convert_to_dir_writes_no_envelope_through_a_symlink(qmail_home, victim)
     assert done.returncode == 1 and b"%s: a symbolic link: refused" % n.encode() in done.stderr, done.stderr
     with open(os.path.join(qmail_home.path, "control", "queuebackend"), "rb") as f:
         assert f.read() == b"log\n"             # the source is kept: the message is still queued
+
+
+@pytest.mark.parametrize("name", ["commit", "checkpoint.tmp", "counts.tmp"])
+def test_convert_to_log_writes_no_log_file_through_a_symlink(qmail_home, victim, name):
+    # queue/log/ is qmailq's: root's qmailctl convert --to log opened log/commit for
+    # writing by name, and wrote log/checkpoint.tmp and log/counts.tmp with O_TRUNC by name
+    done = qmail_home.queue_message(b"Subject: x\n\nbody\n", b"s@x.example", [b"a@test.example"])
+    assert done.returncode == 0, done.stderr
+    plant_symlink(qmail_home, "queue/log/" + name, victim)
+    done = qmail_home.run(["qmailctl", "convert", "--to", "log", "--quiet"])
+    assert unchanged(victim), os.lstat(victim)
+    if name == "commit":        # refused: the directory queue is kept
+        assert done.returncode == 1 and b"Too many levels of symbolic links" in done.stderr, done.stderr
+    else:                       # a scratch name: unlinked and made afresh
+        assert done.returncode == 0, done.stderr

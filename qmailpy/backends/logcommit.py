@@ -101,7 +101,9 @@ def list_segments(logdir):
 
 
 def _open_rw(path, create=True):
-    flags = os.O_RDWR | (os.O_CREAT if create else 0)
+    # O_NOFOLLOW: log/ is qmailq's, and qmailctl convert runs this as root (a symlink at
+    # log/commit had root write the commit word into the linked file)
+    flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
     fd = os.open(path, flags, FILE_MODE)
     if create:
         _share(fd)

@@ -22,6 +22,7 @@ import os
 
 from qmailpy.backends import logrecords as R
 from qmailpy.backends.base import QueueError
+from qmailpy.fileio import create_fresh
 
 FIELDS = ("new", "preprocessed", "local", "remote", "held")
 COUNTS = "counts"
@@ -72,7 +73,7 @@ class Counts:
         body = json.dumps({"pos": list(self.pos), **dict(zip(FIELDS, self.values))},
                           separators=(",", ":")).encode()
         tmp = os.path.join(logdir, COUNTS + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o660)
+        fd = create_fresh(tmp, 0o660)
         try:
             os.write(fd, body + b" %d\n" % R.crc32c(body))
         finally:

@@ -32,7 +32,7 @@ from qmailpy.backends.logcursor import Cursor, Runner
 from qmailpy.backends.logdamage import quarantined
 from qmailpy.backends.loginflight import InFlight
 from qmailpy.backends.logsegments import now as _now
-from qmailpy.fileio import write_all
+from qmailpy.fileio import create_fresh, write_all
 from qmailpy.layout import relpath
 
 CHECKPOINT_EVERY = 5
@@ -373,7 +373,7 @@ class LogRecovery:
         }, separators=(",", ":")).encode()
         data = body + b" %d\n" % R.crc32c(body)
         tmp = os.path.join(self.logdir, CHECKPOINT + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o660)
+        fd = create_fresh(tmp, 0o660)
         try:
             write_all(fd, data)       # all of it, or OSError: the rename below is never reached
             os.fsync(fd)
