@@ -334,6 +334,10 @@ def test_each_delivery_of_a_worker_gets_qmail_lspawns_environment_and_its_own_va
 
 @pytest.mark.skipif(not AS_ROOT, reason="switching to two accounts needs root")
 def test_each_account_has_its_own_worker_with_its_own_uid(users, tmp_path):
+    # qmail's real multi-user setup: control/ and users/ are root's. The fixture's
+    # single-user home (its account owns control/) may deliver only as that account.
+    for where in ("control", "users"):
+        os.chown(os.path.join(users.qh.path, where), 0, 0)
     accounts = {"bob": 61001, "cat": 61002}
     for name, uid in accounts.items():
         home = users.add(name, uid=uid, gid=uid)
