@@ -11,7 +11,7 @@ backend, ids [dir] and [log]); tests marked `dir_only` inspect the directory
 backend's own files (todo/, intd/, info/, local/, remote/...) and stay on it.
 A module opts in wholesale with `pytestmark = pytest.mark.both_backends`.
 
-QMAILPY_KEEP_HOMES=1 keeps every home (as root the directory is otherwise removed at
+QMAILPY_TEST_KEEP_HOMES=1 keeps every home (as root the directory is otherwise removed at
 teardown) and prints its path, to read a failed run's queue and logs afterwards.
 """
 import os
@@ -22,6 +22,8 @@ import sys
 import tempfile
 
 import pytest
+
+import knobs
 
 VENV_BIN = os.path.dirname(sys.executable)
 AS_ROOT = os.geteuid() == 0
@@ -93,6 +95,7 @@ class QmailHome:
 def pytest_configure(config):
     config.addinivalue_line("markers", "both_backends: run once per queue backend (dir, log)")
     config.addinivalue_line("markers", "dir_only: inspects directory-backend files; never on log")
+    config.addinivalue_line("markers", "slow: left out of bin/test --quick (docs/testing.md \"Two tiers\")")
 
 
 def pytest_generate_tests(metafunc):
@@ -141,7 +144,7 @@ def qmail_home(tmp_path, queue_backend):
     try:
         yield make_home(base, queue_backend)
     finally:
-        if os.environ.get("QMAILPY_KEEP_HOMES"):
+        if knobs.KEEP_HOMES:
             print("kept home:", base)
         elif AS_ROOT:
             shutil.rmtree(base, ignore_errors=True)

@@ -99,6 +99,8 @@ import shutil
 import stat
 import subprocess
 
+import knobs
+
 O_CREAT, O_EXCL, O_TRUNC, O_APPEND, O_DIRECTORY = 0o100, 0o200, 0o1000, 0o2000, 0o200000
 AT_REMOVEDIR = 0x200
 CLONE_FS, CLONE_FILES, CLONE_THREAD = 0x200, 0x400, 0x10000
@@ -119,9 +121,9 @@ UNTRACED_CALLS = {
 
 DATA_OPS = ("write", "truncate", "utime")      # durable by an fsync of their inode
 SECTOR = 512
-# CRASHSTATES_POSIX_APPENDS=1: any one unsynced append may be lost while later ones are
+# QMAILPY_TEST_CRASHSTATES_POSIX_APPENDS=1: any one unsynced append may be lost while later ones are
 # kept (POSIX allows it; ext4 data=ordered does not, see with_later_appends).
-POSIX_APPENDS = os.environ.get("CRASHSTATES_POSIX_APPENDS") == "1"
+POSIX_APPENDS = knobs.CRASHSTATES_POSIX_APPENDS
 NAME_OPS = ("create", "link", "rename", "unlink", "mkdir", "rmdir")
 
 

@@ -7,7 +7,7 @@ fake=True, small spawner programs written here stand in for qmail-lspawn and qma
 they answer by the recipient's local part (see FAKE_SPAWNER) and append every command
 they get to workdir/commands.
 
-Opt-in audit collection: with QMAILPY_AUDIT_COLLECT=DIR in the environment, each home run
+Opt-in audit collection: with QMAILPY_TEST_AUDIT_COLLECT=DIR in the environment, each home run
 under Daemons gets DIR/<name>/ holding send.log (qmail-send's log, every line prefixed
 with the epoch time a follower thread saw it appear, since the raw log has no times),
 queue.snapshot (`qmailctl snapshot --host <name>` of the home, taken once the daemons
@@ -28,6 +28,7 @@ import time
 import psutil
 from inotify_simple import INotify, flags
 
+from knobs import AUDIT_COLLECT_ENV
 from qmailpy import logline
 
 FAKE_SPAWNER = r'''#!%(python)s
@@ -230,11 +231,10 @@ class Daemons:
         return self.wait_line(r"^end msg ", n_end, timeout)
 
 
-AUDIT_COLLECT_ENV = "QMAILPY_AUDIT_COLLECT"
 
 
 class AuditCollector:
-    """QMAILPY_AUDIT_COLLECT=DIR: the stamped log and a queue snapshot of one home, for
+    """QMAILPY_TEST_AUDIT_COLLECT=DIR: the stamped log and a queue snapshot of one home, for
     qmail-audit (see the module docstring). Only Daemons creates it, only with the variable."""
 
     def __init__(self, daemons):

@@ -1,13 +1,15 @@
 """Where the project's read-only fixtures (shared/data: real C qmail logs and a queue
-snapshot) are: beside the checkout as CI lays it out, else $QMAILPY_SHARED, else /work/shared."""
+snapshot) are: beside the checkout as CI lays it out, else $QMAILPY_TEST_SHARED, else /work/shared."""
 import os
+
+import knobs
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def shared_dir():
     for candidate in (os.path.join(os.path.dirname(_ROOT), "shared"),
-                      os.environ.get("QMAILPY_SHARED", ""), "/work/shared"):
+                      knobs.SHARED, "/work/shared"):
         if candidate and os.path.isdir(os.path.join(candidate, "data")):
             return candidate
     return None

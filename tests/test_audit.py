@@ -582,10 +582,10 @@ DELIVERY_SUITE = ["tests/test_delivery_local.py", "tests/test_delivery_remote.py
 
 
 def test_delivery_suite_logs_and_queues_audit_clean(spark, tmp_path):
-    """Run the delivery tests with QMAILPY_AUDIT_COLLECT (send_harness.Daemons then keeps
+    """Run the delivery tests with QMAILPY_TEST_AUDIT_COLLECT (send_harness.Daemons then keeps
     each home's stamped qmail-send log and a queue snapshot) and audit every home as its
     own host: no bad input, no violation, only notices."""
-    from send_harness import AUDIT_COLLECT_ENV
+    from knobs import AUDIT_COLLECT_ENV
     collect = tmp_path / "collect"
     collect.mkdir()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -62,7 +62,7 @@ def crash_ids(maildir):
 def stuck_report(d, left):
     """The assertion message for a queue that does not empty: what is left and, for the
     first messages still live in the log, qmail-send's lines about them (run with
-    QMAILPY_KEEP_HOMES=1 to keep the whole home and log)."""
+    QMAILPY_TEST_KEEP_HOMES=1 to keep the whole home and log)."""
     lines = d.lines()
     live = [p for p in left if not p.startswith(("mess/", "intd/"))]
     out = ["left in the queue: %s (and %d mess/ or intd/ files)" % (live[:10], len(left) - len(live))]

@@ -3,8 +3,8 @@
 Each test records a protocol's file-system calls with strace against a real home (its
 queue/, control/ and the users' homes with their Maildirs), builds every disk state a
 power cut may leave (every prefix of the calls; unsynced operations lost, one or all,
-pairs with CRASHSTATES_FULL=1; the last unsynced write torn at each sector boundary,
-earlier ones at their half with CRASHSTATES_FULL=1; a lost directory's contents gone;
+pairs with QMAILPY_TEST_CRASHSTATES_FULL=1; the last unsynced write torn at each sector boundary,
+earlier ones at their half with QMAILPY_TEST_CRASHSTATES_FULL=1; a lost directory's contents gone;
 mtimes kept), and for each one runs the real recovery and checks what
 a user sees: every message acknowledged before the crash (its qmail-queue exited 0, or
 it was queued before the recording) reached every recipient's Maildir at least once (a
@@ -24,7 +24,7 @@ qmail-remote's deliveries to a remote host recorded with it (tests/maildir_peer.
 the host keeps what it stored durably before its 250; its copy without qmail-send's
 record of it is "Possible duplicate!"'s window) and `qmailctl convert` both ways. Long
 protocols are checked on an even spread of CAP of their distinct states unless
-CRASHSTATES_FULL=1; each test prints how many states it explored of how many distinct
+QMAILPY_TEST_CRASHSTATES_FULL=1; each test prints how many states it explored of how many distinct
 ones. A new dimension of the model comes with a known-bad variant of the code
 (tests/crash_variants.py) that it must catch.
 """
@@ -47,6 +47,7 @@ from inotify_simple import INotify, flags
 import checkpoint_scenario
 import crash_variants
 import crashstates as cs
+import knobs
 from conftest import AS_ROOT, make_home, traversable_base
 from lspawn_harness import LocalUsers
 from qmailpy.backends.logcommit import list_segments, segment_name
@@ -56,11 +57,11 @@ from send_harness import Daemons
 
 pytestmark = pytest.mark.skipif(not cs.strace_available(), reason="strace is not installed")
 
-FULL = os.environ.get("CRASHSTATES_FULL") == "1"
-CAP = int(os.environ.get("CRASHSTATES_CAP", "40"))
+FULL = knobs.CRASHSTATES_FULL
+CAP = knobs.CRASHSTATES_CAP
 # Breadth only the full run pays for: pairs of unsynced operations lost together (this
 # many per prefix, a seeded sample where there are more) and earlier writes torn.
-PAIRS = int(os.environ.get("CRASHSTATES_PAIRS", "25" if FULL else "0"))
+PAIRS = knobs.CRASHSTATES_PAIRS
 RCPTS = ["a@test.example", "b@test.example"]
 SENDER = "joe@test.example"
 NOUSER = "nosuch@test.example"          # no such local user: its message bounces to SENDER
@@ -341,7 +342,7 @@ class Explorer:
     def explore(self, rec, cap=None, regressions=(), posix_appends=cs.POSIX_APPENDS, only=None,
                 always=None, single_keeps=False, prefixes=None):
         """Check every state (or `cap` of them, spread evenly over the protocol unless
-        CRASHSTATES_FULL=1, plus every state in which an operation that a regression
+        QMAILPY_TEST_CRASHSTATES_FULL=1, plus every state in which an operation that a regression
         names was lost, and every state always(rec, state) accepts), of those
         only(rec, state) accepts; returns (explored, distinct, failures). single_keeps:
         also every "one unsynced kept" state (cs.states), each one explored. prefixes:
@@ -794,7 +795,7 @@ def kept_or_all_lost(rec, state):
 def test_log_checkpoint_across_a_finish(explorer_base):
     """A checkpoint lists message M in flight; M finishes in the next segment, which a
     later checkpoint deletes with M's body (tests/checkpoint_scenario.py). Every crash
-    right after a segment's unlink is explored (every state with CRASHSTATES_FULL=1):
+    right after a segment's unlink is explored (every state with QMAILPY_TEST_CRASHSTATES_FULL=1):
     with the old checkpoint still on disk, M came back without its body (issue 29)."""
     ex = Explorer(explorer_base, "log")
     rec = ex.record_checkpoint_scenario()

@@ -8,7 +8,7 @@ every message qmail-qread listed must be among them. Before the fix, a REPLACEME
 lost in the damage left its predecessors flagged garbage: qmail-send never offered
 the message again while qmail-qread listed it as pending.
 
-QMAILPY_DAMAGE_SEEDS=1-20 widens the seeds (the figures in the commit message).
+QMAILPY_TEST_DAMAGE_SEEDS=1-20 widens the seeds (the figures in the commit message).
 """
 import os
 import random
@@ -17,6 +17,7 @@ import signal
 
 import pytest
 
+import knobs
 from qmailpy import logline
 from qmailpy.backends import logrecords as R
 from qmailpy.backends.logcommit import list_segments, segment_name
@@ -24,11 +25,6 @@ from remote_harness import Smtpd
 from send_harness import Daemons
 
 MESSAGES = 40
-
-
-def _seeds():
-    low, _, high = os.environ.get("QMAILPY_DAMAGE_SEEDS", "1-2").partition("-")
-    return range(int(low), int(high or low) + 1)
 
 
 def random_bytes(data, rng):
@@ -61,7 +57,7 @@ def qread_numbers(home):
     return {int(n) for n in re.findall(rb"  #(\d+)  ", got.stdout)}
 
 
-@pytest.mark.parametrize("seed", _seeds())
+@pytest.mark.parametrize("seed", knobs.damage_seeds())
 @pytest.mark.parametrize("kind", sorted(DAMAGE))
 def test_damaged_segment_strands_no_intact_message(qmail_home, kind, seed):
     home = qmail_home

@@ -11,6 +11,7 @@ from qmailpy.backends.logqueue import LogQueue
 from qmailpy.backends.logsegments import QUARANTINE
 from qmailpy.backends.logenqueue import enqueue
 
+import knobs
 from logqueue_harness import deliver_all, deliveries, make_queue, route
 
 addr = st.binary(max_size=60)
@@ -206,7 +207,6 @@ def _damage_and_deliver(base, work, offset, value, checkpoint):
         lq.close()
 
 
-DAMAGE_FULL = os.environ.get("DAMAGE_FULL") == "1"
 PAYLOAD_STRIDE = 4
 
 
@@ -224,8 +224,8 @@ def test_every_damaged_byte_of_a_middle_record_is_delivered_or_reported(tmp_path
         start = rec.pos[1]
         flag = start + R.FLAGS_OFFSET
         # Every header byte; of the payload, which one CRC covers alike, every
-        # PAYLOAD_STRIDE-th byte, each record from another phase (DAMAGE_FULL=1: every byte).
-        stride = 1 if DAMAGE_FULL else PAYLOAD_STRIDE
+        # PAYLOAD_STRIDE-th byte, each record from another phase (QMAILPY_TEST_DAMAGE_FULL=1: every byte).
+        stride = 1 if knobs.DAMAGE_FULL else PAYLOAD_STRIDE
         offsets = [i for i in range(rec.length)
                    if i < R.RECORD_HEADER_SIZE or (i - index) % stride == 0]
         cases = [(start + i, data[start + i] ^ 0x01, True) for i in offsets]

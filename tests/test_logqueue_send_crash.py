@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 import conftest
+import knobs
 from lspawn_harness import LocalUsers
 from qmail_send_kill_at import install_wrapper
 from send_harness import Daemons
@@ -44,7 +45,7 @@ MESSAGES = [
 EXPECTED = {"alice": ["m1", "m2"], "bob": ["m1", "m3"], "snd": ["failure notice"]}
 MAX_KS = 40             # sample evenly when the run appends more records than this
 WORKERS = 4             # kill runs going at once (each in its own home)
-TIMEOUT = int(os.environ.get("SENDCRASH_TIMEOUT", "60"))
+TIMEOUT = knobs.SENDCRASH_TIMEOUT
 
 STARTING = re.compile(r"^starting delivery (\d+): msg (\d+) to (local|remote) (\S+)$")
 RESULT = re.compile(r"^delivery (\d+): (success|failure|deferral): ")
@@ -325,8 +326,8 @@ def test_sigkill_qmail_send_at_every_record_boundary(qmail_home, queue_backend):
 # log), qmail-qstat must say 0/0, no record may be live, and after a clean stop and
 # start (recovery's checkpoint) only the head segment may be left.
 
-LOAD_N = int(os.environ.get("SENDCRASH_LOAD_N", "1000"))
-LOAD_SEED = int(os.environ.get("SENDCRASH_LOAD_SEED", "5"))
+LOAD_N = knobs.SENDCRASH_LOAD_N
+LOAD_SEED = knobs.SENDCRASH_LOAD_SEED
 LOAD_INJECTORS = 4
 LOAD_SEGMENT = 64 * 1024
 LOAD_TIMEOUT = 240
