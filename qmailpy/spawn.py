@@ -181,21 +181,218 @@ def _run_child(run_delivery, messfd, out_w, cmd):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.dup2(messfd, 0)
         os.dup2(out_w, 1)
-        os.dup2(out_w, 2)
+        _keep_stderr(3)
+        os.dup2(1, 2)
         # Other deliveries' pipe ends must not leak into this child: a held
         # write end would delay that delivery's EOF until this child exits.
-        os.closerange(3, 65536)
+        os.closerange(4, 65536)
         code = run_delivery(cmd.sender, cmd.recipient)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 111
-    except BaseException as e:     # a crash in delivery code must still produce a report
+    except BaseException as e:     # a bug in delivery code must still produce a report
+        from qmailpy import internalerror
+        program = "qmail-spawn child"
         try:
-            os.write(2, ("qmail-spawn child failed: %s\n" % e).encode("utf-8", "replace"))
+            os.write(2, internalerror.summary(program, e) + b" (#4.3.0)\n")
         except OSError:
             pass
+        internalerror.log(program, e, 3)
         code = 111
     finally:
         os._exit(code if isinstance(code, int) else 111)
+
+
+def _keep_stderr(fd):
+    """The spawner's stderr (qmail-send's log) on fd, closed on exec, for a bug's traceback."""
+    try:
+        os.dup2(2, fd, inheritable=False)
+    except OSError:             # no stderr: nothing will be written there
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class _Spawner:
+    """serve()'s state: the deliveries in progress by slot, the pipes and the selector."""
+
+    def __init__(self, run_delivery, report, slots, expected_owner, infd, outfd, pool):
+        self.run_delivery, self.report, self.slots = run_delivery, report, slots
+        self.expected_owner, self.infd, self.outfd, self.pool = expected_owner, infd, outfd, pool
+        self.deliveries = {}                # slot -> _Delivery
+        self.writing = True
+        self.reading = True
+        self.reader = CommandReader()
+        self.wake_r, wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        # select(2), not epoll: it also accepts fd 0 on /dev/null or a file (a spawner run
+        # by hand), which then reads as qmail-send going away at once.
+        self.sel = selectors.SelectSelector()
+        self.sel.register(infd, selectors.EVENT_READ, "cmd")
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+
+    def send(self, data):
+        if not self.writing:
+            return
+        try:
+            write_all(self.outfd, data)
+        except OSError:
+            self.writing = False            # qmail-send is gone; finish deliveries anyway
+
+    def reply(self, slot, report):
+        self.send(encode_reply(slot, report))
+
+    def reap(self):
+        while True:
+            try:
+                pid, wstat = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            for d in self.deliveries.values():
+                if d.pid == pid:
+                    d.wstat = wstat
+                    os.close(d.write_fd)
+                    d.write_fd = -1
+
+    def finish(self, slot):
+        d = self.deliveries[slot]
+        if not d.eof or d.wstat is None:
+            return
+        del self.deliveries[slot]
+        self.reply(slot, self.report(d.wstat, bytes(d.output)))
+
+    def completed(self, results):
+        for slot, wstat, output in results:
+            if slot in self.deliveries:
+                d = self.deliveries[slot]
+                d.wstat = wstat
+                if output is not None:
+                    d.output = bytearray(output)
+                self.finish(slot)
+
+    def start(self, cmd):
+        error, messfd = check_command(cmd, self.slots, self.deliveries, self.expected_owner)
+        if error is not None:
+            self.reply(cmd.slot, error)
+            return
+        try:
+            out_r, out_w = os.pipe()
+        except OSError:
+            os.close(messfd)
+            self.reply(cmd.slot, b"Zqmail-spawn unable to create pipe. (#4.3.0)\n")
+            return
+        os.set_inheritable(out_r, False)
+        if self.pool is not None:
+            self.start_in_pool(cmd, messfd, out_r, out_w)
+        else:
+            self.start_child(cmd, messfd, out_r, out_w)
+
+    def start_in_pool(self, cmd, messfd, out_r, out_w):
+        try:
+            done = self.pool.start(cmd, messfd, out_w)
+        except OSError:
+            os.close(out_r)                 # qmail's own reply, as for a failed fork
+            self.reply(cmd.slot, b"Zqmail-spawn unable to fork. (#4.3.0)\n")
+            return
+        if done is not None:
+            os.close(out_r)
+            self.reply(cmd.slot, self.report(*done))
+            return
+        self.watch(cmd.slot, _Delivery(None, out_r, -1))
+
+    def start_child(self, cmd, messfd, out_r, out_w):
+        try:
+            pid = os.fork()
+        except OSError:
+            for fd in (messfd, out_r, out_w):
+                os.close(fd)
+            self.reply(cmd.slot, b"Zqmail-spawn unable to fork. (#4.3.0)\n")
+            return
+        if pid == 0:
+            _run_child(self.run_delivery, messfd, out_w, cmd)
+        os.close(messfd)
+        os.set_inheritable(out_w, False)
+        self.watch(cmd.slot, _Delivery(pid, out_r, out_w))
+
+    def watch(self, slot, delivery):
+        self.deliveries[slot] = delivery
+        self.sel.register(delivery.read_fd, selectors.EVENT_READ, slot)
+
+    def drain_wakeups(self):
+        try:
+            while os.read(self.wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+        self.reap()
+
+    def read_commands(self):
+        try:
+            data = os.read(self.infd, 4096)
+        except InterruptedError:
+            return
+        except OSError as e:
+            if e.errno == errno.EAGAIN:
+                return
+            data = b""
+        if not data:
+            self.reading = False
+            self.sel.unregister(self.infd)
+            return
+        for cmd in self.reader.feed(data):
+            self.start(cmd)
+        if self.pool is not None:
+            self.completed(self.pool.flush())
+
+    def read_output(self, slot):
+        d = self.deliveries[slot]
+        try:
+            data = os.read(d.read_fd, 4096)
+        except InterruptedError:
+            return
+        if data:
+            if len(d.output) < OUTPUT_MAX:
+                d.output += data[:OUTPUT_MAX - len(d.output)]
+            return
+        if d.wstat is None and d.pid is not None:
+            # EOF before the child was reaped cannot happen while we hold the
+            # write end; reap synchronously to be safe.
+            _, d.wstat = os.waitpid(d.pid, 0)
+        self.sel.unregister(d.read_fd)
+        os.close(d.read_fd)
+        d.eof = True
+        self.finish(slot)
+
+    def handle(self, tag):
+        if isinstance(tag, tuple):          # ("pool", worker): a worker reported
+            self.completed(self.pool.readable(tag[1]))
+        elif tag == "wake":
+            self.drain_wakeups()
+        elif tag == "cmd":
+            self.read_commands()
+        else:
+            self.read_output(tag)
+
+    def loop(self):
+        pool = self.pool
+        while self.reading or self.deliveries:
+            try:
+                events = self.sel.select(None if pool is None else pool.timeout())
+            except InterruptedError:
+                events = []
+            self.reap()
+            for key, _ in events:
+                self.handle(key.data)
+            if pool is not None:
+                pool.tick()
+        if pool is not None:
+            pool.close()
+        signal.set_wakeup_fd(-1)
 
 
 def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=1, pool=None):
@@ -217,162 +414,11 @@ def serve(run_delivery, report, slots=SLOTS, expected_owner=None, infd=0, outfd=
     how long the loop may sleep (None: forever) and pool.tick() retires idle workers.
     """
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-
-    deliveries = {}                    # slot -> _Delivery
-    writing = [True]
-
-    def send(data):
-        if not writing[0]:
-            return
-        try:
-            write_all(outfd, data)
-        except OSError:
-            writing[0] = False         # qmail-send is gone; finish deliveries anyway
-
-    send(bytes((slots,)))
-    # select(2), not epoll: it also accepts fd 0 on /dev/null or a file (a spawner run
-    # by hand), which then reads as qmail-send going away at once.
-    sel = selectors.SelectSelector()
-    sel.register(infd, selectors.EVENT_READ, "cmd")
-    sel.register(wake_r, selectors.EVENT_READ, "wake")
-    reader = CommandReader()
-    reading = True
+    spawner = _Spawner(run_delivery, report, slots, expected_owner, infd, outfd, pool)
+    spawner.send(bytes((slots,)))
     if pool is not None:
-        pool.register(sel)
-
-    def reap():
-        while True:
-            try:
-                pid, wstat = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            for d in deliveries.values():
-                if d.pid == pid:
-                    d.wstat = wstat
-                    os.close(d.write_fd)
-                    d.write_fd = -1
-
-    def finish(slot):
-        d = deliveries[slot]
-        if not d.eof or d.wstat is None:
-            return
-        del deliveries[slot]
-        send(encode_reply(slot, report(d.wstat, bytes(d.output))))
-
-    def completed(results):
-        for slot, wstat, output in results:
-            if slot in deliveries:
-                d = deliveries[slot]
-                d.wstat = wstat
-                if output is not None:
-                    d.output = bytearray(output)
-                finish(slot)
-
-    def start(cmd):
-        error, messfd = check_command(cmd, slots, deliveries, expected_owner)
-        if error is not None:
-            send(encode_reply(cmd.slot, error))
-            return
-        try:
-            out_r, out_w = os.pipe()
-        except OSError:
-            os.close(messfd)
-            send(encode_reply(cmd.slot, b"Zqmail-spawn unable to create pipe. (#4.3.0)\n"))
-            return
-        os.set_inheritable(out_r, False)
-        if pool is not None:
-            try:
-                done = pool.start(cmd, messfd, out_w)
-            except OSError:
-                os.close(out_r)         # qmail's own reply, as for a failed fork below
-                send(encode_reply(cmd.slot, b"Zqmail-spawn unable to fork. (#4.3.0)\n"))
-                return
-            if done is not None:
-                os.close(out_r)
-                send(encode_reply(cmd.slot, report(*done)))
-                return
-            deliveries[cmd.slot] = _Delivery(None, out_r, -1)
-            sel.register(out_r, selectors.EVENT_READ, cmd.slot)
-            return
-        try:
-            pid = os.fork()
-        except OSError:
-            for fd in (messfd, out_r, out_w):
-                os.close(fd)
-            send(encode_reply(cmd.slot, b"Zqmail-spawn unable to fork. (#4.3.0)\n"))
-            return
-        if pid == 0:
-            _run_child(run_delivery, messfd, out_w, cmd)
-        os.close(messfd)
-        os.set_inheritable(out_w, False)
-        deliveries[cmd.slot] = _Delivery(pid, out_r, out_w)
-        sel.register(out_r, selectors.EVENT_READ, cmd.slot)
-
-    while reading or deliveries:
-        try:
-            events = sel.select(None if pool is None else pool.timeout())
-        except InterruptedError:
-            events = []
-        reap()
-        for key, _ in events:
-            tag = key.data
-            if isinstance(tag, tuple):              # ("pool", worker): a worker reported
-                completed(pool.readable(tag[1]))
-                continue
-            if tag == "wake":
-                try:
-                    while os.read(wake_r, 512):
-                        pass
-                except BlockingIOError:
-                    pass
-                reap()
-            elif tag == "cmd":
-                try:
-                    data = os.read(infd, 4096)
-                except InterruptedError:
-                    continue
-                except OSError as e:
-                    data = b"" if e.errno != errno.EAGAIN else None
-                if data is None:
-                    continue
-                if not data:
-                    reading = False
-                    sel.unregister(infd)
-                    continue
-                for cmd in reader.feed(data):
-                    start(cmd)
-                if pool is not None:
-                    completed(pool.flush())
-            else:
-                d = deliveries[tag]
-                try:
-                    data = os.read(d.read_fd, 4096)
-                except InterruptedError:
-                    continue
-                if data:
-                    if len(d.output) < OUTPUT_MAX:
-                        d.output += data[:OUTPUT_MAX - len(d.output)]
-                    continue
-                if d.wstat is None and d.pid is not None:
-                    # EOF before the child was reaped cannot happen while we hold the
-                    # write end; reap synchronously to be safe.
-                    _, d.wstat = os.waitpid(d.pid, 0)
-                sel.unregister(d.read_fd)
-                os.close(d.read_fd)
-                d.eof = True
-                finish(tag)
-        if pool is not None:
-            pool.tick()
-    if pool is not None:
-        pool.close()
-    signal.set_wakeup_fd(-1)
+        pool.register(spawner.sel)
+    spawner.loop()
     return 0
 
 

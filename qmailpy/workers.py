@@ -7,6 +7,8 @@ after job: one packet of a few bytes with at most MAX_FDS file descriptors
 answers each job with one packet when it is done. A worker serves one job at a
 time, so a crash loses only the job it was doing; the server sees its end of the
 socket pair become readable with nothing in it (EOF) and counts that job as lost.
+A worker that ends with an exception writes its traceback on fd 2 (qmailpy.internalerror):
+the server's stderr, its log, unless the worker put /dev/null there.
 
 The socket pair is SOCK_SEQPACKET: every packet arrives whole or not at all, and
 the end of the other side reads as an empty packet. No packet of ours is empty.
@@ -20,6 +22,7 @@ decided to exit.
 import os
 import selectors
 import socket
+import sys
 import time
 
 MAX_FDS = 4
@@ -68,6 +71,10 @@ def fork(body, close_in_child=()):
                 except OSError:
                     pass
             code = body(worker_end)
+        except Exception as e:      # a bug: the traceback to the server's stderr, its log
+            from qmailpy import internalerror
+            internalerror.log(os.path.basename(sys.argv[0]) + " worker", e)
+            code = 111
         except BaseException:
             code = 111
         finally:

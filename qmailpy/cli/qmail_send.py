@@ -28,7 +28,13 @@ def main(argv=None):
     except StartError as e:
         send.log(logline.alert("cannot start: %s" % e))
         return 111
-    return send.run()
+    try:
+        return send.run()
+    except Exception as e:          # a bug: its traceback in the log, where the administrator looks
+        from qmailpy import internalerror
+        send.log(logline.alert(internalerror.summary("qmail-send", e) + b"; exiting"))
+        internalerror.write(send.log_fd, internalerror.trace("qmail-send", e))
+        return 111
 
 
 if __name__ == "__main__":

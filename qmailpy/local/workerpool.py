@@ -16,14 +16,17 @@ which becomes fd 0, and the write end of the report pipe, which becomes fds 1
 and 2, as for a forked delivery child. The worker runs qmail-local's code
 (qmailpy.local.deliver), puts /dev/null back on fds 0-2 and reports the exit
 status in one packet. A worker that dies in a delivery is reported as killed by
-SIGKILL ("qmail-local crashed"), and only that delivery is lost. A |program
+SIGKILL ("qmail-local crashed"), and only that delivery is lost. A bug in the
+delivery (an exception qmail-local's code does not foresee) is a deferral whose
+report says "internal error in qmail-local: TYPE: ..."; the traceback comes back
+in the packet and qmail-lspawn writes it on its stderr, which is qmail-send's log. A |program
 line is still its own process, spawned by the worker as the user.
 """
 import marshal
 import os
 import signal
 
-from qmailpy import workers
+from qmailpy import internalerror, workers
 from qmailpy.environ import replace as replace_environ
 from qmailpy.local import users
 from qmailpy.local import deliver as local_deliver
@@ -33,6 +36,8 @@ MAX_IDLE = 60
 IDLE_CAP = 16
 
 QLX_USAGE = 112
+PROGRAM = "qmail-local"
+TRACE_MAX = 16384           # of a bug's traceback (its end) in a worker's report
 QLX_ROOT = 113
 
 
@@ -91,7 +96,12 @@ class DeliveryWorkers(workers.Pool):
 
     def results(self, slot, payload):
         # a worker that died in the delivery: WIFSIGNALED, "qmail-local crashed"
-        return [(slot, signal.SIGKILL if payload is None else _exited(int(payload)), None)]
+        if payload is None:
+            return [(slot, signal.SIGKILL, None)]
+        code, _, trace = payload.partition(b" ")
+        if trace:               # a bug's traceback: to qmail-lspawn's stderr, qmail-send's log
+            internalerror.write(2, trace)
+        return [(slot, _exited(int(code)), None)]
 
 
 # -- in a worker -----------------------------------------------------------------
@@ -118,9 +128,9 @@ def _worker_main(channel, key, home, aliasempty, base_environ):
             return 0
         payload, fds = job
         installed = replace_environ(os.environb, base_environ, installed)
-        code = _deliver(home, aliasempty, marshal.loads(payload), fds, installed)
+        code, trace = _deliver(home, aliasempty, marshal.loads(payload), fds, installed)
         try:
-            workers.send(channel, b"%d" % code)
+            workers.send(channel, b"%d" % code + (b" " + trace[-TRACE_MAX:] if trace else b""))
         except OSError:
             return 0
         if _limits() != limits:
@@ -161,21 +171,24 @@ def _deliver(home, aliasempty, fields, fds, environ):
     os.dup2(out_w, 2)
     os.close(messfd)
     os.close(out_w)
-    code = 111
+    code, trace = 111, b""
     try:
         os.chdir(home)
+    except OSError:
+        workers.null_stdio()
+        return QLX_USAGE, trace
+    try:
         code = local_deliver.deliver(user, homedir, local, dash, ext, domain, sender,
                                      aliasempty, home=home, environ=environ)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 111
-    except OSError:
-        code = QLX_USAGE
-    except BaseException as e:       # a crash in delivery code must still produce a report
+    except BaseException as e:       # a bug: named in the report, its traceback to the log
+        trace = internalerror.trace(PROGRAM, e)
         try:
-            os.write(2, ("qmail-spawn child failed: %s\n" % e).encode("utf-8", "replace"))
+            os.write(2, internalerror.summary(PROGRAM, e) + b" (#4.3.0)\n")
         except OSError:
             pass
         code = 111
     finally:
         workers.null_stdio()
-    return code if isinstance(code, int) else 111
+    return (code if isinstance(code, int) else 111), trace

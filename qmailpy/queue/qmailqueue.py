@@ -160,7 +160,9 @@ def run_from(home, read_message, read_envelope, uid=None, tidy=False, not_before
         return e.code
     except MemoryError:
         return 51
-    except Exception:                     # a bug of ours: qmail's "qq internal bug"
+    except Exception as e:                # a bug of ours: qmail's "qq internal bug"
+        from qmailpy import internalerror
+        internalerror.log("qmail-queue", e)     # the traceback on stderr (docs/delivery.md)
         return 81
     finally:
         queue.release_queue()

@@ -9,6 +9,8 @@ import os
 
 from qmailpy.envelope import quote
 
+PROGRAM = "qmail-remote"
+
 TEMP_NOMEM = b"ZOut of memory. (#4.3.0)\n"
 TEMP_OSERR = b"ZSystem resources temporarily unavailable. (#4.3.0)\n"
 TEMP_NOCONN = b"ZSorry, I wasn't able to establish an SMTP connection. (#4.4.1)\n"
@@ -92,6 +94,10 @@ def read_controls(home):
     return c
 
 
+class _Done(Exception):
+    """Raised by a step of deliver() with the run's records: the run ends here."""
+
+
 def deliver(args, home, messfd=0, lookup=None, now=None, pid=None, cache=None, alone=None):
     """The records of one run (a list of bytes, each without its NUL).
 
@@ -100,134 +106,188 @@ def deliver(args, home, messfd=0, lookup=None, now=None, pid=None, cache=None, a
     one whose peer accepted the message is kept in it instead of closed.
     alone: a list that gets, once a peer answered the recipients, the verdict a
     recipient it refused would have had in a run of its own (smtp.giving_up)."""
-    from qmailpy.home import ControlError
-    from qmailpy.remote import dns, routes, smtp, smtputf8, tls
-    from qmailpy.remote.tcpto import Table
-
     if len(args) < 3:
         return [PERM_USAGE]
     try:
+        run = _Run(args, _controls(home), pid, now)
+        eligible = run.eligible(lookup)
+        run.message = _message(run.controls, messfd)
+        return run.send(eligible, messfd, cache, alone)
+    except _Done as done:
+        return done.args[0]
+
+
+def _controls(home):
+    from qmailpy.home import ControlError
+    try:
         os.chdir(home)
     except OSError:
-        return [TEMP_CHDIR]
+        raise _Done([TEMP_CHDIR]) from None
     try:
-        controls = read_controls(home)
+        return read_controls(home)
     except ControlError:
-        return [TEMP_CONTROL]
+        raise _Done([TEMP_CONTROL]) from None
 
-    host = args[0]
-    port = routes.SMTP_PORT
-    relay = routes.find_relay(controls.routes, host)
-    if relay is not None:
-        host, port = routes.split_relay(relay)
 
-    if any(b"\r" in a or b"\n" in a for a in args[1:]):
-        return [PERM_BADADDR]
-    sender = smtp_address(args[1])
-    recipients = [smtp_address(r) for r in args[2:]]
+class _Run:
+    """What one run knows once its controls are read: where to, from whom, to whom."""
 
-    if pid is None:
-        pid = os.getpid()
-    if now is None:
-        import time
-        now = lambda: int(time.time())        # noqa: E731
-    if lookup is None and (not host or dns.ip_literal(host) is None):
-        lookup = dns.resolver_lookup(config=controls.dns)
-    try:
-        if relay is not None:
-            found, soft = dns.addresses(host, lookup), False
-        else:
-            found, soft = dns.mx_addresses(host, now() + (pid << 16), lookup)
-    except dns.DNSSoft:
-        return [TEMP_DNS]
-    except dns.DNSHard:
-        return [perm_dns(host)]
-    if soft and not found:
-        return [TEMP_DNS]
-    if not found:
-        return [PERM_NOMX]
+    def __init__(self, args, controls, pid, now):
+        from qmailpy.remote import routes
+        self.domain, self.controls = args[0], controls
+        self.host, self.port = args[0], routes.SMTP_PORT
+        self.relay = routes.find_relay(controls.routes, self.host)
+        if self.relay is not None:
+            self.host, self.port = routes.split_relay(self.relay)
+        if any(b"\r" in a or b"\n" in a for a in args[1:]):
+            raise _Done([PERM_BADADDR])
+        self.sender = smtp_address(args[1])
+        self.recipients = [smtp_address(r) for r in args[2:]]
+        self.pid = os.getpid() if pid is None else pid
+        if now is None:
+            import time
+            now = lambda: int(time.time())        # noqa: E731
+        self.now = now
+        self.message = None     # smtputf8.Message, read once the addresses are known
+        self.tls = None         # (required, cafile) of control/tlsdestinations
+        self.failure = TEMP_NOCONN  # the report when no address does better
+        self.clear = None       # the TLS line of a delivery in clear after STARTTLS failed
 
-    if relay is not None:
-        eligible = found
-    else:
+    def eligible(self, lookup):
+        """The (pref, ip, name) rows to try, best first."""
+        from qmailpy.remote import dns
+        host = self.host
+        if lookup is None and (not host or dns.ip_literal(host) is None):
+            lookup = dns.resolver_lookup(config=self.controls.dns)
+        try:
+            if self.relay is not None:
+                found, soft = dns.addresses(host, lookup), False
+            else:
+                found, soft = dns.mx_addresses(host, self.now() + (self.pid << 16), lookup)
+        except dns.DNSSoft:
+            raise _Done([TEMP_DNS]) from None
+        except dns.DNSHard:
+            raise _Done([perm_dns(host)]) from None
+        if soft and not found:
+            raise _Done([TEMP_DNS])
+        if not found:
+            raise _Done([PERM_NOMX])
+        if self.relay is not None:
+            return found
         try:
             mine = dns.local_addresses()
         except OSError:
-            return [TEMP_OSERR]
+            raise _Done([TEMP_OSERR]) from None
         prefme = min((pref for pref, ip, _ in found if ip in mine), default=100000)
         eligible = [row for row in found if row[0] < prefme]
         if not eligible:
-            return [PERM_AMBIGMX]
+            raise _Done([PERM_AMBIGMX])
+        return eligible
 
+    def send(self, eligible, messfd, cache, alone):
+        """Try the eligible addresses in turn; the records of the first that answered."""
+        from qmailpy.remote import tls
+        from qmailpy.remote.tcpto import Table
+        self.tls = tls.find_policy(self.controls.tlsdestinations, self.domain)
+        table = Table(now=self.now, pid=self.pid)
+        required, cafile = self.tls
+        for _, ip, name in eligible:
+            if table.suppressed(ip):
+                continue
+            policy = tls.Policy(required, cafile,
+                                [n for n in (name, self.domain) if cert_name(n)])
+            # Opportunistic TLS that fails (STARTTLS refused, a handshake that breaks) is
+            # retried on a new connection in clear, as Postfix's "may" level does: a peer
+            # with a broken TLS stack must not see its mail bounce after queuelifetime.
+            for use_tls in (True,) if required else (True, False):
+                records, reached = self.attempt(ip, policy, use_tls, messfd, cache, table, alone)
+                if records is not None:
+                    return records
+                if not reached:
+                    break
+        return [self.failure]
+
+    def attempt(self, ip, policy, use_tls, messfd, cache, table, alone):
+        """(records of a transaction with ip or None, False when ip could not be reached)."""
+        from qmailpy.remote import dns
+        partner = dns.format_ip(ip)
+        key = (partner, self.port, use_tls) + self.tls + (tuple(policy.names),)
+        keep = None if cache is None else cache.keeper(key)
+        held = None if cache is None else cache.take(key)
+        if held is not None:
+            conn, extensions = held
+            records = self.talk(conn, partner, messfd, policy, use_tls, keep, alone, extensions)
+            if records is not None:
+                return records, True
+        conn = self.connect(ip, partner, use_tls, table)
+        if conn is None:
+            return None, False
+        return self.talk(conn, partner, messfd, policy, use_tls, keep, alone), True
+
+    def connect(self, ip, partner, use_tls, table):
+        """A new Connection to ip, or None when it could not be reached."""
+        import time
+        from qmailpy.remote import smtp
+        controls = self.controls
+        sock, timed_out = smtp.connect(partner.decode("ascii"), self.port,
+                                       controls.timeoutconnect, controls.sources.get(len(ip)))
+        if sock is None:
+            table.record(ip, timed_out)
+            return None
+        table.record(ip, False)
+        deadline = time.monotonic() + controls.session if controls.session else None
+        conn = smtp.Connection(sock, controls.timeout, deadline)
+        if not use_tls:
+            conn.tls = self.clear
+        return conn
+
+    def talk(self, conn, partner, messfd, policy, use_tls, keep, alone, reused=None):
+        """The transaction on conn (reused: a kept connection's EHLO extensions); None when
+        a kept connection was stale, or STARTTLS failed on a new one (then self.clear says
+        why, for the retry in clear)."""
+        import time
+        from qmailpy.remote import smtp
+        controls = self.controls
+        if reused is not None:
+            conn.deadline = time.monotonic() + controls.session if controls.session else None
+        records = []
+        try:
+            verdict = smtp.dialogue(conn, partner, controls.helohost, self.sender,
+                                    self.recipients, messfd, records, policy, use_tls,
+                                    self.message, reused=reused, keep=keep)
+        except smtp.Stale:
+            if reused is None:
+                raise
+            return None                     # gone while kept: a new connection next
+        except smtp.TryNext as e:
+            if reused is not None:
+                raise
+            self.failure, why = e.args
+            # the report says why a peer that offers STARTTLS got the message in clear
+            self.clear = b"TLS: none, " + why.replace(b"\n", b" ") + b"."
+            return None
+        records.append(verdict)
+        if alone is not None:
+            alone.append(smtp.giving_up(partner, conn))
+        return records
+
+
+def _message(controls, messfd):
+    """The message as smtputf8.read_message reads it, with its DKIM signature prefix."""
+    from qmailpy.remote import smtp, smtputf8
     try:
         message = smtputf8.read_message(messfd)
     except OSError:
-        return [smtp.READ_FAILED]
+        raise _Done([smtp.READ_FAILED]) from None
     if controls.dkimkeys:
         from qmailpy.remote import dkimsign
         try:
             message.prefix = dkimsign.prefix(controls.dkimkeys, messfd, message)
         except OSError:
-            return [smtp.READ_FAILED]
+            raise _Done([smtp.READ_FAILED]) from None
         except dkimsign.Refused as e:
-            return [e.args[0]]
-    required, cafile = tls.find_policy(controls.tlsdestinations, args[0])
-    table = Table(now=now, pid=pid)
-    failure = TEMP_NOCONN
-    clear = None                # the TLS line of a delivery in clear after STARTTLS failed
-    import time
-    for _, ip, name in eligible:
-        if table.suppressed(ip):
-            continue
-        partner = dns.format_ip(ip)
-        policy = tls.Policy(required, cafile,
-                            [n for n in (name, args[0]) if cert_name(n)])
-        # Opportunistic TLS that fails (STARTTLS refused, a handshake that breaks) is
-        # retried on a new connection in clear, as Postfix's "may" level does: a peer with
-        # a broken TLS stack must not see its mail bounce after queuelifetime.
-        for use_tls in (True,) if required else (True, False):
-            key = (partner, port, use_tls, required, cafile, tuple(policy.names))
-            keep = None if cache is None else cache.keeper(key)
-            held = None if cache is None else cache.take(key)
-            if held is not None:
-                conn, extensions = held
-                conn.deadline = time.monotonic() + controls.session if controls.session else None
-                records = []
-                try:
-                    verdict = smtp.dialogue(conn, partner, controls.helohost, sender, recipients,
-                                            messfd, records, policy, use_tls, message,
-                                            reused=extensions, keep=keep)
-                except smtp.Stale:
-                    pass                        # gone while kept: a new connection below
-                else:
-                    records.append(verdict)
-                    if alone is not None:
-                        alone.append(smtp.giving_up(partner, conn))
-                    return records
-            sock, timed_out = smtp.connect(partner.decode("ascii"), port, controls.timeoutconnect,
-                                           controls.sources.get(len(ip)))
-            if sock is None:
-                table.record(ip, timed_out)
-                break
-            table.record(ip, False)
-            records = []
-            deadline = time.monotonic() + controls.session if controls.session else None
-            conn = smtp.Connection(sock, controls.timeout, deadline)
-            if not use_tls:
-                conn.tls = clear
-            try:
-                verdict = smtp.dialogue(conn, partner, controls.helohost, sender, recipients,
-                                        messfd, records, policy, use_tls, message, keep=keep)
-            except smtp.TryNext as e:
-                failure, why = e.args
-                # the report says why a peer that offers STARTTLS got the message in clear
-                clear = b"TLS: none, " + why.replace(b"\n", b" ") + b"."
-                continue
-            records.append(verdict)
-            if alone is not None:
-                alone.append(smtp.giving_up(partner, conn))
-            return records
-    return [failure]
+            raise _Done([e.args[0]]) from None
+    return message
 
 
 def cert_name(host):
@@ -241,22 +301,35 @@ def output(records):
     return b"".join(r + b"\0" for r in records)
 
 
-def records_of(args, home, messfd=0, cache=None, alone=None):
-    """deliver()'s records; anything unforeseen is a temporary failure, never a traceback."""
+def records_of(args, home, messfd=0, cache=None, alone=None, bugs=None):
+    """deliver()'s records. An exception it does not foresee is a bug: a deferral that
+    says "internal error" and names it (the mail stays queued until the bug is fixed), its
+    traceback appended to bugs (a list) or else written on fd 2 (docs/delivery.md
+    "Internal errors")."""
+    from qmailpy import internalerror
     try:
         return deliver(args, home, messfd, cache=cache, alone=alone)
     except MemoryError:
         return [TEMP_NOMEM]
-    except Exception:
-        return [TEMP_OSERR]
+    except Exception as e:
+        trace = internalerror.trace(PROGRAM, e)
+        if bugs is None:
+            internalerror.write(2, trace)
+        else:
+            bugs.append(trace)
+        return [b"Z" + internalerror.summary(PROGRAM, e) + b" (#4.3.0)\n"]
 
 
 def run(args, home, messfd=0, outfd=1):
     """qmail-remote: deliver and write the records on outfd; always returns 0."""
-    data = output(records_of(args, home, messfd))
+    bugs = []
+    data = output(records_of(args, home, messfd, bugs=bugs))
     try:
         while data:
             data = data[os.write(outfd, data):]
     except OSError:
         pass
+    if bugs:        # after the records: under qmail-rspawn fd 2 is the same pipe as fd 1
+        from qmailpy import internalerror
+        internalerror.write(2, bugs[0])
     return 0

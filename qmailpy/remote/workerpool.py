@@ -13,13 +13,16 @@ qmail-rspawn once, running as qmailr like it, that run qmail-remote's code
 (qmailpy.remote.deliver) and keep the connection of an accepted transaction
 (qmailpy.remote.cache) for the next message to the same address. A worker serves
 one job at a time; one that dies in a job fails each of its recipients with
-"qmail-remote crashed" (a temporary failure), as a crashed qmail-remote does.
+"qmail-remote crashed" (a temporary failure), as a crashed qmail-remote does. A bug
+in a job (an exception qmail-remote's code does not foresee) defers its recipients
+with "internal error in qmail-remote: TYPE: ..."; its traceback comes back in the
+worker's report and qmail-rspawn writes it on its stderr, which is qmail-send's log.
 """
 import marshal
 import os
 import signal
 
-from qmailpy import workers
+from qmailpy import internalerror, workers
 from qmailpy.remote.deliver import output, records_of
 from qmailpy.remote.smtp import alone
 
@@ -76,7 +79,9 @@ class RemoteWorkers(workers.Pool):
     def results(self, slots, payload):
         if payload is None:         # WIFSIGNALED: "qmail-remote crashed"
             return [(slot, signal.SIGKILL, b"") for slot in slots]
-        records, giving_up = marshal.loads(payload)
+        records, giving_up, bugs = marshal.loads(payload)
+        for trace in bugs:          # a bug's traceback: to qmail-rspawn's stderr, qmail-send's log
+            internalerror.write(2, trace)
         verdict, per_recipient = records[-1], records[:-1]
         return [(slot, 0, output(alone(per_recipient[i], verdict, giving_up)
                                  if i < len(per_recipient) else [verdict]))
@@ -104,13 +109,15 @@ def _worker_main(channel, home):
                 return 0
             payload, fds = job
             domain, sender, recipients = marshal.loads(payload)
-            alone = []
+            alone, bugs = [], []
             try:
-                records = records_of([domain, sender] + recipients, home, fds[0], kept, alone)
+                records = records_of([domain, sender] + recipients, home, fds[0], kept, alone,
+                                     bugs)
             finally:
                 os.close(fds[0])
+            bugs = [trace[-(workers.MAX_PACKET // 4):] for trace in bugs]     # its end says most
             try:
-                workers.send(channel, marshal.dumps((records, alone[0] if alone else None)))
+                workers.send(channel, marshal.dumps((records, alone[0] if alone else None, bugs)))
             except OSError:
                 return 0
     finally:

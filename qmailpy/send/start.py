@@ -4,6 +4,7 @@
     qmail-lspawn DD    fd 0 <- send fd 1, fd 1 -> send fd 2    (stays root)
     qmail-rspawn       fd 0 <- send fd 3, fd 1 -> send fd 4    (role qmailr)
     qmail-clean        fd 0 <- send fd 5, fd 1 -> send fd 6    (role qmailq)
+                       (each with fd 2 -> the log, where qmail closes it)
     qmail-send         fd 0 = log, 1..6 as above               (this process; qmail-send itself
                                                                 becomes qmails after the exec)
 
@@ -30,8 +31,8 @@ def _dup_placeholders():
         os.dup2(0, fd)
 
 
-def _close_2_to_6():
-    for fd in range(2, 7):
+def _close_up_to_6(first):
+    for fd in range(first, 7):
         try:
             os.close(fd)
         except OSError:
@@ -47,16 +48,21 @@ def _exec(argv):
 
 
 def _child(home, role, wiring, argv):
-    """fork; in the child switch to role, wire fds, close 2..6 extras, exec argv."""
+    """fork; in the child switch to role, wire fds, close 3..6 extras, exec argv.
+
+    fd 2 is qmail-start's fd 1, the log: what a spawner or qmail-clean says on its
+    stderr (a bug's traceback, docs/delivery.md "Internal errors") is in qmail-send's
+    log, where qmail closes it."""
     pid = os.fork()
     if pid:
         return pid
     try:
         if role is not None:
             privs.become(home, role)
+        os.dup2(1, 2)
         for target, source in wiring:
             os.dup2(source, target)
-        _close_2_to_6()
+        _close_up_to_6(3)
     except BaseException:
         os._exit(111)
     _exec(argv)
@@ -85,7 +91,7 @@ def start(home, defaultdelivery=DEFAULT_DELIVERY, logger=()):
                 if root:
                     privs.become(home, "qmaill")
                 os.dup2(log_r, 0)
-                _close_2_to_6()
+                _close_up_to_6(2)
             except BaseException:
                 os._exit(111)
             _exec(list(logger))

@@ -41,6 +41,7 @@ R_NOGATEWAY = b"553 sorry, that domain isn't in my list of allowed rcpthosts (#5
 R_MAXRCPT = b"452 sorry, too many recipients (#4.5.3)\r\n"
 R_GO_AHEAD = b"354 go ahead\r\n"
 R_QQT = b"451 qqt failure (#4.3.0)\r\n"
+R_INTERNAL = b"451 internal error, closing connection (#4.3.0)\r\n"    # a bug: traceback on fd 2
 R_HOPS = b"554 too many hops, this message is looping (#5.4.6)\r\n"
 R_SIZE = b"552 sorry, that message size exceeds my databytes limit (#5.3.4)\r\n"
 R_FLUSHED = b"250 flushed\r\n"
@@ -750,11 +751,27 @@ _COMMANDS = {
 }
 
 
+def _internal_error(session, exc):
+    """A bug in the session: its traceback on stderr (the listener's log), a 451 to the
+    client (the mail stays with it), the session ended (docs/submission.md)."""
+    from qmailpy import internalerror
+    internalerror.log("qmail-smtpd", exc)
+    session.until = time.monotonic() + DEADLINE_GRACE
+    session.out[:] = R_INTERNAL
+    try:
+        session.flush()
+    except Exception:           # _End: the client is gone, or the bug is in flush itself
+        pass
+    return 1
+
+
 def serve(home, environ=None, in_fd=0, out_fd=1):
     """Run one session; the exit status qmail-smtpd would have."""
     session = Session(home, environ, in_fd, out_fd)
     try:
         return session.run()
+    except Exception as e:
+        return _internal_error(session, e)
     finally:
         # In a session worker the process lives on: the TLS connection's own copy of the
         # socket must close now, or the client would not see the session end.

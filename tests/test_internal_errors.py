@@ -1,0 +1,174 @@
+"""A bug is visible where the administrator looks, never a mail-system condition
+(docs/delivery.md "Internal errors"): each daemon run with one internal function made to
+raise TypeError (tests/bug_harness.py), and what its log, stderr and client show."""
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from bug_harness import TEXT, buggy_env, write_buggy_programs
+from qmqpd_harness import QmqpServer, ask, request
+from send_harness import Daemons
+
+MSG = b"Subject: bug\n\nhello\n"
+
+
+@pytest.fixture
+def buggy_daemons(qmail_home, request):
+    """The daemons under qmail-start, the program the test is parametrized with buggy."""
+    d = Daemons(qmail_home, env=buggy_env(qmail_home, request.param))
+    yield d
+    d.kill()
+
+
+def queued_count(home):
+    done = home.run(["qmail-qstat"])
+    return int(re.search(rb"messages in queue: (\d+)", done.stdout).group(1))
+
+
+def traceback_of(program, lines, source):
+    """The traceback lines program wrote into lines, checked for form: summary, frames
+    (one in qmailpy's source file named), the exception last."""
+    mine = [line for line in lines if line.startswith(program + ": ")]
+    assert program + ": internal error: TypeError: " + TEXT in mine, lines
+    assert program + ": Traceback (most recent call last):" in mine, lines
+    assert any(re.match(r'%s:   File ".*/qmailpy/%s", line \d+, in ' % (program, source), line)
+               for line in mine), mine
+    assert program + ": TypeError: " + TEXT in mine, mine
+    return mine
+
+
+def deferral_of(daemons, program):
+    lines = daemons.wait_line(r"^delivery \d+: deferral: ")
+    deferrals = [line for line in lines if re.match(r"delivery \d+: deferral: ", line)]
+    assert deferrals == [re.sub(r"^(delivery \d+: deferral: ).*", r"\1", deferrals[0])
+                         + "internal_error_in_%s:_TypeError:_planted_bug_(#4.3.0)/" % program]
+    return lines
+
+
+@pytest.mark.parametrize("buggy_daemons", ["qmail-rspawn"], indirect=True)
+def test_a_bug_in_qmail_remote_defers_and_its_traceback_is_in_qmail_sends_log(
+        qmail_home, buggy_daemons):
+    buggy_daemons.start().wait_started()
+    assert qmail_home.queue_message(MSG, b"joe@test.example", [b"bugged@remote.example"]).returncode == 0
+    deferral_of(buggy_daemons, "qmail-remote")
+    lines = buggy_daemons.wait_line(r"^qmail-remote: TypeError: ")
+    traceback_of("qmail-remote", lines, "remote/deliver.py")
+    assert not [line for line in lines if line.startswith(("bounce msg", "end msg"))]
+    assert queued_count(qmail_home) == 1
+
+
+@pytest.mark.parametrize("buggy_daemons", ["qmail-lspawn"], indirect=True)
+def test_a_bug_in_qmail_local_defers_and_its_traceback_is_in_qmail_sends_log(
+        qmail_home, users, buggy_daemons):
+    users.add("bugged")
+    buggy_daemons.start().wait_started()
+    assert qmail_home.queue_message(MSG, b"joe@test.example", [b"bugged@test.example"]).returncode == 0
+    deferral_of(buggy_daemons, "qmail-local")
+    lines = buggy_daemons.wait_line(r"^qmail-local: TypeError: ")
+    traceback_of("qmail-local", lines, "local/deliver.py")
+    assert not [line for line in lines if line.startswith(("bounce msg", "end msg"))]
+    assert queued_count(qmail_home) == 1
+
+
+@pytest.mark.parametrize("buggy_daemons", ["qmail-send"], indirect=True)
+def test_a_bug_in_qmail_send_is_an_alert_with_its_traceback_and_the_mail_stays_queued(
+        qmail_home, users, buggy_daemons):
+    users.add("bugged")
+    buggy_daemons.start().wait_started()
+    assert qmail_home.queue_message(MSG, b"joe@test.example", [b"bugged@test.example"]).returncode == 0
+    assert buggy_daemons.proc.wait(timeout=60) == 111
+    lines = buggy_daemons.lines()
+    assert "alert: internal error in qmail-send: TypeError: %s; exiting" % TEXT in lines
+    traceback_of("qmail-send", lines, "send/loop.py")
+    assert queued_count(qmail_home) == 1
+
+
+def test_a_bug_in_a_qmail_smtpd_session_is_a_451_to_the_client_and_a_traceback_on_stderr(
+        qmail_home):
+    bindir = write_buggy_programs(qmail_home, "qmail-smtpd")
+    env = dict(qmail_home.env, PROTO="TCP", TCPREMOTEIP="192.0.2.7", TCPREMOTEPORT="4000",
+               TCPLOCALIP="127.0.0.1", TCPLOCALPORT="25")
+    client, server = socket.socketpair()
+    client.settimeout(30)
+    with server:
+        proc = subprocess.Popen([os.path.join(bindir, "qmail-smtpd")], stdin=server,
+                                stdout=server, stderr=subprocess.PIPE, env=env)
+    with client:
+        said = client.makefile("rb")
+        assert said.readline().startswith(b"220 ")
+        client.sendall(b"HELO client.example\r\n")
+        assert said.readline().startswith(b"250 ")
+        client.sendall(b"MAIL FROM:<joe@client.example>\r\n")
+        assert said.readline() == b"250 ok\r\n"
+        client.sendall(b"RCPT TO:<bugged@test.example>\r\n")
+        assert said.readline() == b"451 internal error, closing connection (#4.3.0)\r\n"
+        assert said.read() == b""               # the session is over
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=30) == 1
+    traceback_of("qmail-smtpd", stderr.splitlines(), "smtpd/session.py")
+    assert queued_count(qmail_home) == 0
+
+
+def test_a_bug_in_qmail_queue_is_qmails_qq_internal_bug_with_its_traceback_on_stderr(qmail_home):
+    done = qmail_home.queue_message(MSG, b"joe@test.example", [b"bugged@test.example"],
+                                    env=buggy_env(qmail_home, "qmail-queue"))
+    assert done.returncode == 81                # "qq internal bug (#4.3.0)" to its caller
+    traceback_of("qmail-queue", done.stderr.decode().splitlines(), "queue/qmailqueue.py")
+
+
+def test_a_bug_while_qmail_qmqpd_queues_is_a_qq_internal_bug_with_its_traceback_in_its_log(
+        qmail_home):
+    server = QmqpServer(qmail_home, "-t", "10", env=buggy_env(qmail_home, "qmail-qmqpd"))
+    with server:
+        answer = ask(server.socket, request(MSG, b"joe@test.example", [b"bugged@test.example"]))
+        assert answer == b"Zqq internal bug (#4.3.0)"
+        assert server.stop() == 0
+    traceback_of("qmail-queue", server.stderr.decode().splitlines(), "queue/qmailqueue.py")
+
+
+WORKER = r'''
+import os
+from qmailpy import workers
+def body(channel):
+    raise TypeError(%(text)r)
+worker = workers.fork(body)
+print(os.waitstatus_to_exitcode(os.waitpid(worker.pid, 0)[1]))
+'''
+
+
+def test_a_worker_that_ends_with_a_bug_writes_its_traceback_on_the_servers_stderr(tmp_path):
+    """qmail-smtpd-listen's and qmail-qmqpd's workers: a bug outside a session or request."""
+    script = tmp_path / "qmail-server"
+    script.write_text(WORKER % {"text": TEXT})
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=60)
+    assert done.stdout == b"111\n"
+    traceback_of("qmail-server worker", done.stderr.decode().splitlines(), "workers.py")
+
+
+SPAWNER = r'''
+import os, sys
+from qmailpy import spawn
+def run_delivery(sender, recipient):
+    raise TypeError(%(text)r)
+sys.exit(spawn.serve(run_delivery, lambda wstat, output: b"Z" + output))
+'''
+
+
+def test_a_bug_in_a_forked_spawner_child_is_named_in_the_report_and_traced_on_stderr(tmp_path):
+    (tmp_path / "1").write_bytes(MSG)
+    command = bytes((0,)) + b"1\0joe@example.org\0rcpt@example.org\0"
+    done = subprocess.run([sys.executable, "-c", SPAWNER % {"text": TEXT}], input=command,
+                          capture_output=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0
+    assert done.stdout == (bytes((spawn_slots(),)) + bytes((0,)) + b"Zinternal error in"
+                           b" qmail-spawn child: TypeError: planted bug (#4.3.0)\n\0")
+    traceback_of("qmail-spawn child", done.stderr.decode().splitlines(), "spawn.py")
+
+
+def spawn_slots():
+    from qmailpy.spawn import SLOTS
+    return SLOTS
