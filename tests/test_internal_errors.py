@@ -49,6 +49,7 @@ def deferral_of(daemons, program):
     return lines
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("buggy_daemons", ["qmail-rspawn"], indirect=True)
 def test_a_bug_in_qmail_remote_defers_and_its_traceback_is_in_qmail_sends_log(
         qmail_home, buggy_daemons):
@@ -61,6 +62,7 @@ def test_a_bug_in_qmail_remote_defers_and_its_traceback_is_in_qmail_sends_log(
     assert queued_count(qmail_home) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("buggy_daemons", ["qmail-lspawn"], indirect=True)
 def test_a_bug_in_qmail_local_defers_and_its_traceback_is_in_qmail_sends_log(
         qmail_home, users, buggy_daemons):
