@@ -10,7 +10,7 @@ import struct
 import time
 
 
-from test_smtpd_support import SmtpdProcess
+from smtpd_support import SmtpdProcess
 
 
 def ids(home):

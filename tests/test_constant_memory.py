@@ -12,7 +12,7 @@ import sys
 import psutil
 
 from qmqpd_harness import QmqpServer
-from test_smtpd_support import ListenerProcess
+from smtpd_support import ListenerProcess
 
 TIMEOUT = 120
 MB = 1 << 20

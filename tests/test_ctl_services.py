@@ -15,7 +15,7 @@ from qmailpy.ctl import daemons
 from test_ctl_full_disk import running_in
 from test_delivery_local import wait_maildir
 from test_send_qmailctl import LogFile, ctl, free_port
-from test_smtpd_support import TIMEOUT
+from smtpd_support import TIMEOUT
 
 pytestmark = pytest.mark.skipif(shutil.which("svscan") is None,
                                 reason="daemontools is not installed (apt-get install daemontools)")

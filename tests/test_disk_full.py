@@ -23,7 +23,7 @@ from conftest import AS_ROOT, make_home
 from lspawn_harness import LocalUsers
 from send_harness import Daemons
 from test_delivery_local import maildir_messages, wait_maildir
-from test_smtpd_support import SmtpdProcess
+from smtpd_support import SmtpdProcess
 
 pytestmark = [pytest.mark.skipif(not AS_ROOT, reason="mounting a tmpfs needs root"),
               pytest.mark.both_backends]

@@ -4,7 +4,8 @@ import re
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from test_smtpd_support import mess_count, queued
+from queue_view import queued
+from smtpd_support import mess_count
 
 pytestmark = pytest.mark.both_backends
 

@@ -7,7 +7,8 @@ import socket
 
 import pytest
 
-from test_smtpd_support import TIMEOUT, ListenerProcess, queued, reporting_queue
+from queue_view import queued
+from smtpd_support import TIMEOUT, ListenerProcess, reporting_queue
 
 REFUSED = (553, b"sorry, that domain isn't in my list of allowed rcpthosts (#5.7.1)")
 MESSAGE = b"Subject: relay\r\n\r\nhi\r\n"

@@ -9,7 +9,8 @@ import subprocess
 import pytest
 
 from test_listener import no_relay_env, relay, write_rules
-from test_smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess, queued, reporting_queue
+from queue_view import queued
+from smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess, reporting_queue
 
 
 def ipv6_loopback():

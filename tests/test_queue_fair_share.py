@@ -17,7 +17,7 @@ import pytest
 from conftest import AS_ROOT
 from qmqpd_harness import QmqpServer
 from queue_view import queued
-from test_smtpd_support import TIMEOUT, ListenerProcess
+from smtpd_support import TIMEOUT, ListenerProcess
 
 SILENT = 4          # connections each hostile client opens
 SHARED = 3          # workers they may hold in all with -c 4

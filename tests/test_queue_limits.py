@@ -12,7 +12,7 @@ from qmailpy.queuelimits import (BOUNCE_TEXT_MAX, DEFAULT_MAXRCPT, ENVELOPE_BUDG
                                  EnvelopeBudget, bounce_text)
 from qmqpd_harness import QmqpServer, ask, netstring
 from queue_view import leftovers, queued
-from test_smtpd_support import SmtpdProcess
+from smtpd_support import SmtpdProcess
 
 pytestmark = pytest.mark.both_backends
 TIMEOUT = 60

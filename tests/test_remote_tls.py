@@ -390,7 +390,7 @@ def test_smtputf8_end_to_end(qmail_home, users, daemons):
     Subject, each come back to the sender in qmail's bounce with the #5.6.7 reason."""
     import smtplib
     from test_smtpd_delivery import wait_maildir
-    from test_smtpd_support import ListenerProcess
+    from smtpd_support import ListenerProcess
     me = users.add("me")
     with Smtpd() as old, Smtpd(smtputf8=True) as new:
         qmail_home.control("smtproutes", "x.test:[127.0.0.1]:%d\ny.test:[127.0.0.1]:%d\n"

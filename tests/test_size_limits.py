@@ -3,7 +3,7 @@ import os
 import subprocess
 
 from qmailpy.sizelimits import SHIPPED_DATABYTES
-from test_smtpd_support import SmtpdProcess
+from smtpd_support import SmtpdProcess
 
 
 def databytes(home):

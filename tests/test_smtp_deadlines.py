@@ -15,7 +15,8 @@ import time
 from remote_harness import ScriptedPeer, qmail_remote, route
 from test_listener_dual_stack import needs_ipv6
 from test_smtpd_abuse import assert_nothing_queued, open_data, start
-from test_smtpd_support import TIMEOUT, ListenerProcess, queued
+from queue_view import queued
+from smtpd_support import TIMEOUT, ListenerProcess
 
 TIMEOUT_REPLY = b"451 timeout (#4.4.2)\r\n"
 PER_SOURCE = b"421 too many connections from your address (#4.3.2)\r\n"

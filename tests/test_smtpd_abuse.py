@@ -6,7 +6,8 @@ import socket
 import psutil
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from test_smtpd_support import REPLY_LINE, SmtpdProcess, mess_count, queued
+from queue_view import queued
+from smtpd_support import REPLY_LINE, SmtpdProcess, mess_count
 
 SMTPLF = b"451 See https://cr.yp.to/docs/smtplf.html.\r\n"
 

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from dns_harness import Dnsmasq, Silent, txt_strings
-from test_smtpd_support import SmtpdProcess, queued
+from queue_view import queued
+from smtpd_support import SmtpdProcess
 
 GREETING = b"220 test.example ESMTP\r\n"
 CLIENT = "192.0.2.7"            # tcp_env's TCPREMOTEIP
@@ -282,7 +283,7 @@ def test_listener_session_worker_keeps_serving(home, keys):
     accepted one on one connection, then another connection."""
     import smtplib
 
-    from test_smtpd_support import TIMEOUT, ListenerProcess
+    from smtpd_support import TIMEOUT, ListenerProcess
     home.control("dmarcreject", "1\n")
     env = dict(home.env)
     env.pop("RELAYCLIENT", None)

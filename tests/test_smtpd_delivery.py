@@ -8,7 +8,7 @@ import pytest
 from inotify_simple import INotify, flags
 
 from remote_harness import Smtpd
-from test_smtpd_support import TIMEOUT, ListenerProcess
+from smtpd_support import TIMEOUT, ListenerProcess
 
 pytestmark = pytest.mark.both_backends
 

@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from test_smtpd_support import SmtpdProcess, queued
+from queue_view import queued
+from smtpd_support import SmtpdProcess
 
 GREETING = b"220 test.example ESMTP\r\n"
 
@@ -269,7 +270,7 @@ def test_queue_failure_text_is_relayed(qmail_home):
 def test_systemd_socket_activation_environment_is_mapped_to_tcpserver_names(qmail_home, family):
     import socket
     import subprocess
-    from test_smtpd_support import TIMEOUT
+    from smtpd_support import TIMEOUT
     if family == "ipv4":
         server = socket.create_server(("127.0.0.1", 0))
     else:                               # what ListenStream=25 makes: IPv4 clients arrive as ::ffff:a.b.c.d

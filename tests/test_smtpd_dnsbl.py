@@ -7,7 +7,7 @@ import pytest
 
 from dns_harness import Dnsmasq, Silent
 from qmailpy.smtpd import dnsbl
-from test_smtpd_support import SmtpdProcess
+from smtpd_support import SmtpdProcess
 from test_smtpd_tls import certs, tls_home  # noqa: F401  (fixtures: a TLS home with checkpassword)
 
 GREETING = b"220 test.example ESMTP\r\n"

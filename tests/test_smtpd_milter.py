@@ -9,7 +9,8 @@ import struct
 import pytest
 
 from milter_peer import CLOSE, HANG, MilterPeer
-from test_smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess, queued
+from queue_view import queued
+from smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess
 from test_smtpd_tls import certs, tls_home  # noqa: F401  (fixtures: a TLS home with checkpassword)
 
 GREETING = b"220 test.example ESMTP\r\n"

@@ -15,7 +15,8 @@ import psutil
 import pytest
 
 from test_smtpd_delivery import wait_maildir
-from test_smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess, queued
+from queue_view import queued
+from smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess
 from tls_certs import make_certs
 
 RECEIVED_TLS = re.compile(rb"  by \S+ with \(TLSv1\.[23]:[A-Z0-9_-]+ encrypted\) SMTP; ")

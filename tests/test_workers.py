@@ -25,7 +25,7 @@ from lspawn_harness import maildir_files
 from qmailpy.queue.server import R_TOO_MANY
 from qmqpd_harness import QmqpServer, ask, connect, netstring, request
 from queue_view import queued
-from test_smtpd_support import TIMEOUT, ListenerProcess, reporting_queue
+from smtpd_support import TIMEOUT, ListenerProcess, reporting_queue
 
 MESSAGE = b"Subject: w\r\n\r\nhi\r\n"
 GOOD = request(b"Subject: hi\n\nhello\n", b"a@example.org", [b"b@example.net"])
