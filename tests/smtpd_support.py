@@ -10,8 +10,6 @@ import signal
 import socket
 import subprocess
 
-
-
 TIMEOUT = 30
 REPLY_LINE = re.compile(rb"\A[2-5][0-9][0-9][ -][^\r\n]*\r\n\Z")
 

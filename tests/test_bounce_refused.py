@@ -6,9 +6,9 @@ import os
 import shutil
 import stat
 
+from delivery_support import maildir_messages, queue, wait_maildir
 from lspawn_harness import LocalUsers
 from send_harness import Daemons
-from test_delivery_local import maildir_messages, queue, wait_maildir
 
 MARKER = b"X-REFUSE-ME-PLEASE"
 

@@ -10,12 +10,12 @@ import subprocess
 import psutil
 import pytest
 
+from delivery_support import wait_maildir
 from lspawn_harness import LocalUsers
 from qmailpy.ctl import daemons
-from test_ctl_full_disk import running_in
-from test_delivery_local import wait_maildir
-from test_send_qmailctl import LogFile, ctl, free_port
 from smtpd_support import TIMEOUT
+from test_ctl_full_disk import running_in
+from test_send_qmailctl import LogFile, ctl, free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("svscan") is None,
                                 reason="daemontools is not installed (apt-get install daemontools)")

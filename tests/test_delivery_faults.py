@@ -6,8 +6,8 @@ import re
 import psutil
 import pytest
 
+from delivery_support import wait_maildir
 from remote_harness import ScriptedPeer
-from test_delivery_local import wait_maildir
 
 pytestmark = pytest.mark.both_backends
 

@@ -327,7 +327,7 @@ def test_helpers_in_dot_qmail_files_end_to_end(qmail_home, users, daemons):
     """`|preline cat > file`, condredirect, forward and bouncesaying as program lines of
     a running qmail-send: found on PATH in QMAILHOME/bin, given qmail-local's variables,
     their exit codes read as qmail-local reads them."""
-    from test_delivery_local import MSG as E2E_MSG, queue, wait_maildir
+    from delivery_support import MSG as E2E_MSG, queue, wait_maildir
     bench = users.add("bench")
     users.add("bench-", home=bench, dash="-", wildcard=True)
     out = os.path.join(bench, "preline-out")

@@ -5,9 +5,9 @@ import os
 
 from inotify_simple import INotify, flags
 
+from delivery_support import queue
 from lspawn_harness import LocalUsers
 from send_harness import Daemons
-from test_delivery_local import queue
 
 FAKE_QQ = """#!/bin/sh
 # a qmail-queue stand-in: keep the message and the envelope, say "queued"

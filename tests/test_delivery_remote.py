@@ -6,11 +6,11 @@ import signal
 
 import pytest
 
+from delivery_support import wait_maildir
 from lspawn_harness import LocalUsers
-from remote_harness import Smtpd
 from queue_view import schedule
+from remote_harness import Smtpd
 from send_harness import Daemons, wait_mess_gone
-from test_delivery_local import wait_maildir
 
 pytestmark = pytest.mark.both_backends
 

@@ -20,9 +20,9 @@ import time
 import pytest
 
 from conftest import AS_ROOT, make_home
+from delivery_support import maildir_messages, wait_maildir
 from lspawn_harness import LocalUsers
 from send_harness import Daemons
-from test_delivery_local import maildir_messages, wait_maildir
 from smtpd_support import SmtpdProcess
 
 pytestmark = [pytest.mark.skipif(not AS_ROOT, reason="mounting a tmpfs needs root"),
@@ -180,7 +180,6 @@ def test_a_maildir_on_a_full_file_system_defers_then_delivers(small_fs, qmail_ho
     finally:
         daemons.kill()
     assert len(got) == 1 and got[0].endswith(b"z" * 50000 + b"\n")
-
 
 
 @pytest.mark.parametrize("when", ["before preprocessing", "during deliveries"])

@@ -6,10 +6,10 @@ import os
 import signal
 import time
 
+from delivery_support import queue, wait_maildir
 from lspawn_harness import LocalUsers
 from remote_harness import Smtpd
 from send_harness import Daemons
-from test_delivery_local import queue, wait_maildir
 
 N = 1500
 

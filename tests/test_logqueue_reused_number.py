@@ -18,11 +18,11 @@ import time
 
 from inotify_simple import INotify, flags
 
+from delivery_support import new_msgs, queue, wait_maildir
 from lspawn_harness import LocalUsers
-from send_harness import Daemons, wait_mess_gone
-from test_delivery_local import new_msgs, queue, wait_maildir
 from qmailpy.backends.logenqueue import append_envelope
 from qmailpy.trigger import pull
+from send_harness import Daemons, wait_mess_gone
 
 AS_ROOT = os.geteuid() == 0
 

@@ -8,10 +8,10 @@ import signal
 
 import pytest
 
+from delivery_support import wait_maildir
 from knobs import AUDIT_COLLECT_ENV
 from lspawn_harness import LocalUsers
 from send_harness import Daemons
-from test_delivery_local import wait_maildir
 from test_queue_commands import PEER, ctl, deferred_message, peer  # noqa: F401  (fixture)
 
 pyspark = pytest.importorskip("pyspark")

@@ -10,9 +10,9 @@ import time
 import pytest
 from inotify_simple import INotify, flags
 
+from delivery_support import wait_maildir
 from qmailpy import snapshot_format
 from qmailpy.send import metrics
-from test_delivery_local import wait_maildir
 
 pytestmark = pytest.mark.both_backends
 

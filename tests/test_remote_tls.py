@@ -389,7 +389,7 @@ def test_smtputf8_end_to_end(qmail_home, users, daemons):
     recipient (beside an ASCII one, who gets the message), and an ASCII one with a UTF-8
     Subject, each come back to the sender in qmail's bounce with the #5.6.7 reason."""
     import smtplib
-    from test_smtpd_delivery import wait_maildir
+    from delivery_support import wait_maildir
     from smtpd_support import ListenerProcess
     me = users.add("me")
     with Smtpd() as old, Smtpd(smtputf8=True) as new:

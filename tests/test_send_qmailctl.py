@@ -8,11 +8,11 @@ import socket
 import psutil
 import pytest
 
+from delivery_support import wait_maildir
 from lspawn_harness import LocalUsers
 from qmailpy import logline
 from send_harness import Daemons
 from test_ctl_full_disk import running_in
-from test_delivery_local import wait_maildir
 
 pytestmark = pytest.mark.both_backends
 

@@ -10,10 +10,10 @@ import threading
 
 import pytest
 
+from delivery_support import queue
 from lspawn_harness import LocalUsers
 from remote_harness import ScriptedPeer
 from send_harness import Daemons
-from test_delivery_local import queue
 
 pytestmark = pytest.mark.both_backends
 

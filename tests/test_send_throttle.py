@@ -10,12 +10,12 @@ import psutil
 import pytest
 from inotify_simple import INotify, flags
 
-from qmailpy.send import metrics
+from delivery_support import wait_maildir
 from lspawn_harness import LocalUsers
+from qmailpy.send import metrics
 from queue_view import schedule
 from remote_harness import Smtpd
 from send_harness import Daemons
-from test_delivery_local import wait_maildir
 
 MSG = b"Subject: throttled\n\nbody\n"
 START = re.compile(r"^starting delivery (\d+): msg (\d+) to (local|remote) \S*@(\S+)$")

@@ -11,10 +11,10 @@ import subprocess
 
 import pytest
 
+from delivery_support import maildir_messages, queue, wait_maildir
 from lspawn_harness import LocalUsers
 from qmqpd_harness import QmqpServer
 from send_harness import Daemons
-from test_delivery_local import maildir_messages, queue, wait_maildir
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="only root can run the roles as other accounts"),
               pytest.mark.both_backends]

@@ -2,32 +2,14 @@
 qmail-send -> Maildir (and, for bounces to a remote sender, an SMTP peer on 127.0.0.1)."""
 import os
 import smtplib
-import time
 
 import pytest
-from inotify_simple import INotify, flags
 
+from delivery_support import wait_maildir
 from remote_harness import Smtpd
 from smtpd_support import TIMEOUT, ListenerProcess
 
 pytestmark = pytest.mark.both_backends
-
-
-def wait_maildir(maildir, count):
-    """Wait (inotify on new/) until maildir/new holds count messages; their bytes."""
-    new = os.path.join(maildir, "new")
-    deadline = time.monotonic() + TIMEOUT
-    with INotify() as ino:
-        ino.add_watch(new, flags.CREATE | flags.MOVED_TO)
-        while len(os.listdir(new)) < count:
-            left = deadline - time.monotonic()
-            assert left > 0, "only %d of %d messages in %s" % (len(os.listdir(new)), count, new)
-            ino.read(timeout=int(min(left, 1.0) * 1000))
-    out = []
-    for name in sorted(os.listdir(new)):
-        with open(os.path.join(new, name), "rb") as f:
-            out.append(f.read())
-    return out
 
 
 @pytest.fixture

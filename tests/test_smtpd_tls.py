@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from test_smtpd_delivery import wait_maildir
+from delivery_support import wait_maildir
 from queue_view import queued
 from smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess
 from tls_certs import make_certs

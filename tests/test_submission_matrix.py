@@ -19,10 +19,10 @@ import subprocess
 import pytest
 
 from accounts import gid, temporary_multiuser_home, uid
+from delivery_support import wait_maildir
 from qmqpd_harness import QmqpServer
 from queue_view import queued
 from send_harness import Daemons
-from test_delivery_local import wait_maildir
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create accounts"),
               pytest.mark.both_backends]
