@@ -51,3 +51,9 @@ def write(fd, text):
 def log(program, exc, fd=2):
     """The summary and traceback of exc on fd (the program's stderr)."""
     write(fd, trace(program, exc))
+
+
+def log_if_bug(program, exc, expected):
+    """log(program, exc) unless exc is one of the expected exception types."""
+    if not isinstance(exc, expected):
+        log(program, exc)

@@ -9,7 +9,9 @@ def main(argv=None):
     try:
         from qmailpy.smtpd.privileges import enter
         enter(home)
-    except Exception:
+    except Exception as e:
+        from qmailpy import internalerror, privs     # a home it cannot enter, or a bug
+        internalerror.log_if_bug("qmail-qmtpd", e, (OSError, privs.PrivError))
         return 111
     from qmailpy.smtpd.qmtp import serve
     from qmailpy.smtpd.tcpenv import complete

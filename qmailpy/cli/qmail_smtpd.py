@@ -10,7 +10,9 @@ def main(argv=None):
     try:
         from qmailpy.smtpd.privileges import enter
         enter(home)
-    except Exception:
+    except Exception as e:
+        from qmailpy import internalerror, privs     # a home it cannot enter, or a bug
+        internalerror.log_if_bug("qmail-smtpd", e, (OSError, privs.PrivError))
         try:
             os.write(1, R_CONTROLS)
         except OSError:
