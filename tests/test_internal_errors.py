@@ -3,7 +3,6 @@
 raise TypeError (tests/bug_harness.py), and what its log, stderr and client show."""
 import os
 import re
-import socket
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import pytest
 
 from bug_harness import TEXT, buggy_env, write_buggy_programs
 from qmqpd_harness import QmqpServer, ask, request
+from smtpd_support import SmtpdProcess
 from send_harness import Daemons
 
 MSG = b"Subject: bug\n\nhello\n"
@@ -92,25 +92,15 @@ def test_a_bug_in_qmail_send_is_an_alert_with_its_traceback_and_the_mail_stays_q
 def test_a_bug_in_a_qmail_smtpd_session_is_a_451_to_the_client_and_a_traceback_on_stderr(
         qmail_home):
     bindir = write_buggy_programs(qmail_home, "qmail-smtpd")
-    env = dict(qmail_home.env, PROTO="TCP", TCPREMOTEIP="192.0.2.7", TCPREMOTEPORT="4000",
-               TCPLOCALIP="127.0.0.1", TCPLOCALPORT="25")
-    client, server = socket.socketpair()
-    client.settimeout(30)
-    with server:
-        proc = subprocess.Popen([os.path.join(bindir, "qmail-smtpd")], stdin=server,
-                                stdout=server, stderr=subprocess.PIPE, env=env)
-    with client:
-        said = client.makefile("rb")
-        assert said.readline().startswith(b"220 ")
-        client.sendall(b"HELO client.example\r\n")
-        assert said.readline().startswith(b"250 ")
-        client.sendall(b"MAIL FROM:<joe@client.example>\r\n")
-        assert said.readline() == b"250 ok\r\n"
-        client.sendall(b"RCPT TO:<bugged@test.example>\r\n")
-        assert said.readline() == b"451 internal error, closing connection (#4.3.0)\r\n"
-        assert said.read() == b""               # the session is over
-    stderr = proc.stderr.read().decode()
-    assert proc.wait(timeout=30) == 1
+    smtpd = SmtpdProcess(qmail_home, argv=[os.path.join(bindir, "qmail-smtpd")])
+    assert smtpd.reply().startswith(b"220 ")
+    assert smtpd.command(b"HELO client.example\r\n").startswith(b"250 ")
+    assert smtpd.command(b"MAIL FROM:<joe@client.example>\r\n") == b"250 ok\r\n"
+    assert (smtpd.command(b"RCPT TO:<bugged@test.example>\r\n")
+            == b"451 internal error, closing connection (#4.3.0)\r\n")
+    assert smtpd.rest() == b""                  # the session is over
+    assert smtpd.close() == 1
+    stderr = smtpd.stderr.decode()
     traceback_of("qmail-smtpd", stderr.splitlines(), "smtpd/session.py")
     assert queued_count(qmail_home) == 0
 
