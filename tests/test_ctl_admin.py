@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
+from ctl_support import ctl
 from qmailpy.send import metrics
 from send_harness import Daemons
-from test_send_qmailctl import ctl
 
 AS_ROOT = os.geteuid() == 0
 # a home with qmail's accounts, played by distinct system accounts that exist on Debian

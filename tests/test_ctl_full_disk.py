@@ -8,28 +8,14 @@ import re
 import subprocess
 import time
 
-from inotify_simple import INotify, flags
-
 import psutil
 import pytest
+from inotify_simple import INotify, flags
 
 from conftest import AS_ROOT
+from ctl_support import LogFile, ctl, running_in
 
 STAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z \S")
-
-
-def ctl(home, *args):
-    return home.run(["qmailctl", args[0], "--home", home.path] + list(args[1:]))
-
-
-def running_in(home):
-    """Processes whose command line names the home (daemons, helpers, log writers)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        if proc.pid != os.getpid() and proc.info["status"] != psutil.STATUS_ZOMBIE \
-                and any(home.path in part for part in proc.info["cmdline"] or []):
-            found.append(proc)
-    return found
 
 
 def assert_failed_cleanly(home, done, pidfile, reason, obstacle=()):
@@ -106,7 +92,6 @@ def wait_page_full(path, timeout=60):
 
 
 def test_a_log_that_fills_up_loses_no_line_once_space_returns(qmail_home, full_log_dir):
-    from test_send_qmailctl import LogFile      # (that module imports this one)
     qmail_home.control("smtproutes", ":127.0.0.1:1\n")       # nothing listens: deferrals
     assert ctl(qmail_home, "start").returncode == 0
     log = LogFile(qmail_home)

@@ -14,14 +14,13 @@ import tempfile
 import psutil
 import pytest
 
+from ctl_support import ctl, free_port, running_in
 from delivery_support import wait_maildir
 from lspawn_harness import LocalUsers
 from qmailpy.ctl.daemons import QMQPD_PID, SEND_PID
 from qmailpy.ctl.logwriter import log_set
 from smtpd_support import TIMEOUT
-from test_ctl_full_disk import running_in
 from test_root_paths import as_attacker, unchanged, victim  # noqa: F401 (fixture)
-from test_send_qmailctl import ctl, free_port
 from test_smtpd_tls import certs, tls_home  # noqa: F401 (fixtures)
 
 PIDS = {"qmail-qmqpd": "qmail-qmqpd.pid", "qmail-send": "qmail-send.pid",

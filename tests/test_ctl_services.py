@@ -10,12 +10,11 @@ import subprocess
 import psutil
 import pytest
 
+from ctl_support import LogFile, ctl, free_port, running_in
 from delivery_support import wait_maildir
 from lspawn_harness import LocalUsers
 from qmailpy.ctl import daemons
 from smtpd_support import TIMEOUT
-from test_ctl_full_disk import running_in
-from test_send_qmailctl import LogFile, ctl, free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("svscan") is None,
                                 reason="daemontools is not installed (apt-get install daemontools)")

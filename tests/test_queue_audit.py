@@ -11,8 +11,8 @@ import pytest
 from delivery_support import wait_maildir
 from knobs import AUDIT_COLLECT_ENV
 from lspawn_harness import LocalUsers
+from queue_commands_support import PEER, ctl, deferred_message, peer  # noqa: F401  (fixture)
 from send_harness import Daemons
-from test_queue_commands import PEER, ctl, deferred_message, peer  # noqa: F401  (fixture)
 
 pyspark = pytest.importorskip("pyspark")
 pytestmark = pytest.mark.both_backends

@@ -10,13 +10,12 @@ import struct
 
 import pytest
 
+from logqueue_harness import make_queue, route
 from qmailpy.backends.logcommit import list_segments, segment_name
 from qmailpy.backends.logenqueue import enqueue
 from qmailpy.backends.logqueue import LogQueue
-
-from logqueue_harness import make_queue, route
+from queue_commands_support import PEER, SlowDelivery, ctl, deferred_message, peer  # noqa: F401  (fixture)
 from send_harness import Daemons, wait_gone, wait_mess_gone
-from test_queue_commands import PEER, SlowDelivery, ctl, deferred_message, peer  # noqa: F401  (fixture)
 
 
 def _power_cut(home):

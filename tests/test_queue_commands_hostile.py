@@ -5,8 +5,8 @@ import os
 
 import pytest
 
+from queue_commands_support import ctl, deferred_message, peer  # noqa: F401  (fixture)
 from send_harness import Daemons
-from test_queue_commands import ctl, deferred_message, peer  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.both_backends
 

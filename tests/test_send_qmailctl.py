@@ -8,40 +8,12 @@ import socket
 import psutil
 import pytest
 
+from ctl_support import LogFile, ctl, free_port, running_in
 from delivery_support import wait_maildir
 from lspawn_harness import LocalUsers
 from qmailpy import logline
-from send_harness import Daemons
-from test_ctl_full_disk import running_in
 
 pytestmark = pytest.mark.both_backends
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ctl(home, *args):
-    return home.run(["qmailctl", args[0], "--home", home.path] + list(args[1:]))
-
-
-class LogFile(Daemons):
-    """Daemons' log watching, pointed at HOME/log/qmail-send.log (qmailctl's log)."""
-
-    def __init__(self, home):
-        self.home = home
-        self.logpath = os.path.join(home.path, "log", "qmail-send.log")
-        self.proc = None
-        self._inotify = None
-
-    def lines(self):
-        return [logline.parse(l).text for l in self.raw()]
-
-    def raw(self):
-        with open(self.logpath, "rb") as f:
-            return [l.decode("utf-8", "surrogateescape") for l in f.read().split(b"\n")[:-1]]
 
 
 @pytest.fixture

@@ -515,7 +515,7 @@ def test_smtputf8_to_a_utf8_local_part_lands_in_the_maildir(qmail_home, users, d
 # --- qmailctl start --submission ------------------------------------------------------------
 
 def test_qmailctl_start_submission(tls_home, certs):
-    from test_send_qmailctl import ctl, free_port
+    from ctl_support import ctl, free_port
     smtp, submission = free_port(), free_port()
     done = ctl(tls_home, "start", "--smtp", "127.0.0.1:%d" % smtp,
                "--submission", "127.0.0.1:%d" % submission)
@@ -558,7 +558,7 @@ def test_the_submission_socket_unit_as_systemd_runs_it(tls_home, certs):
     """qmail-submission.socket (Accept=yes) and qmail-submission@.service (StandardInput=socket)
     as systemd-socket-activate --accept --inetd plays them: the unit's program and Environment=
     lines, one qmail-smtpd per connection; MAIL waits for STARTTLS and AUTH."""
-    from test_send_qmailctl import free_port
+    from ctl_support import free_port
     units = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "systemd")
     with open(os.path.join(units, "qmail-submission.socket")) as f:
         sock_unit = f.read()
