@@ -25,13 +25,13 @@ def envelope(sender, recipients):
     return b"F" + sender + b"\0" + b"".join(b"T" + r + b"\0" for r in recipients) + b"\0"
 
 
-def start(home, stdin=subprocess.PIPE, stdout=None, preexec_fn=None, env=None):
+def start(home, stdin=subprocess.PIPE, stdout=None, preexec_fn=None, env=None, argv=("qmail-queue",)):
     """qmail-queue with fd 0 = stdin and fd 1 = stdout (default: a pipe we return the write end of)."""
     env_w = None
     if stdout is None:
         env_r, env_w = os.pipe()
         stdout = env_r
-    proc = subprocess.Popen(["qmail-queue"], stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(list(argv), stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
                             env=env or home.env, preexec_fn=preexec_fn)
     if env_w is not None:
         os.close(env_r)
@@ -219,7 +219,10 @@ def test_queue_directory_trouble(qmail_home, breakage, code, left):
 def test_disk_full_mid_message_is_a_write_error(qmail_home):
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
-    proc, env_w = start(qmail_home, preexec_fn=limit)
+    # -B: the limit would also truncate the .pyc files Python writes while importing
+    # (a 20,000-byte qmailqueue .pyc broke every later import of it)
+    proc, env_w = start(qmail_home, preexec_fn=limit,
+                        argv=(sys.executable, "-B", "-m", "qmailpy.cli.qmail_queue"))
     code = feed(proc, env_w, b"y" * 200000, envelope(b"a@b", [b"c@d"]))
     assert code == 53
     assert queue_files(qmail_home) == []
