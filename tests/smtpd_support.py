@@ -1,14 +1,19 @@
 """Helpers for the qmail-smtpd, listener, sendmail and qmail-inject tests.
 
-SmtpdProcess runs the real qmail-smtpd program with a connected socket on its
-fds 0/1, as tcpserver does; the test holds the other end. ListenerProcess runs
-qmail-smtpd-listen; queue_view.queued() reads what reached the queue.
-"""
+SmtpdProcess runs the real qmail-smtpd program with a connected socket on its fds 0/1, as
+tcpserver does; the test holds the other end. session() and start() open one and read its
+greeting, open_data() takes it to DATA. ListenerProcess runs qmail-smtpd-listen; relay()
+sends through it to a domain outside rcpthosts, write_rules() replaces control/smtpclients,
+no_relay_env() drops RELAYCLIENT. env() is qmail-inject's environment with none of the
+caller's own names. queue_view.queued() and mess_count() read what reached the queue."""
 import os
 import re
 import signal
+import smtplib
 import socket
 import subprocess
+
+from queue_view import queued
 
 TIMEOUT = 30
 REPLY_LINE = re.compile(rb"\A[2-5][0-9][0-9][ -][^\r\n]*\r\n\Z")
@@ -140,3 +145,63 @@ class ListenerProcess:
             self.proc.wait()
         if not self.proc.stderr.closed:
             self.proc.stderr.close()
+
+
+GREETING = b"220 test.example ESMTP\r\n"
+
+
+def session(home, **env):
+    s = SmtpdProcess(home, **env)
+    assert s.reply() == GREETING
+    return s
+
+
+def start(home, **env):
+    s = SmtpdProcess(home, **env)
+    assert s.reply() == b"220 test.example ESMTP\r\n"
+    return s
+
+
+def open_data(s, rcpts=(b"x@test.example",)):
+    assert s.command(b"MAIL FROM:<a@b.example>\r\n") == b"250 ok\r\n"
+    for r in rcpts:
+        assert s.command(b"RCPT TO:<" + r + b">\r\n") == b"250 ok\r\n"
+    assert s.command(b"DATA\r\n") == b"354 go ahead\r\n"
+
+
+def assert_nothing_queued(home):
+    assert queued(home) == []
+    assert mess_count(home) == 0
+
+
+def env(home, **extra):
+    e = dict(home.env)
+    for name in ("QMAILUSER", "MAILUSER", "USER", "LOGNAME", "QMAILHOST", "MAILHOST", "QMAILNAME",
+                 "MAILNAME", "NAME", "QMAILSUSER", "QMAILSHOST", "QMAILINJECT", "QMAILMFTFILE",
+                 "QMAILDEFAULTDOMAIN", "QMAILDEFAULTHOST", "QMAILPLUSDOMAIN", "QMAILIDHOST",
+                 "QMAILQUEUE"):
+        e.pop(name, None)
+    e.update(USER="joe")
+    e.update(extra)
+    return e
+
+
+MESSAGE = b"Subject: relay\r\n\r\nhi\r\n"
+
+
+def no_relay_env(home):
+    env = dict(home.env)
+    env.pop("RELAYCLIENT", None)
+    return env
+
+
+def write_rules(home, text):
+    """Replace control/smtpclients whole (new inode), as an admin's editor or install would."""
+    final = home.control("smtpclients.new", text)
+    os.rename(final, os.path.join(home.path, "control", "smtpclients"))
+
+
+def relay(port, source="127.0.0.1"):
+    """Send one message to a domain outside rcpthosts from source; smtplib's refusals."""
+    with smtplib.SMTP("127.0.0.1", port, timeout=TIMEOUT, source_address=(source, 0)) as c:
+        return c.sendmail("me@test.example", ["far@elsewhere.example"], MESSAGE)

@@ -13,13 +13,13 @@ import time
 import pytest
 
 from qmailpy.layout import SPLIT
-from qmailpy.queue.client import ServerSubmission
 from qmailpy.mess import MAX_HOLD
+from qmailpy.queue.client import ServerSubmission
 from qmailpy.smtpd.futurerelease import (R_DENIED, R_SYNTAX, R_TOO_LONG, R_UNAVAILABLE, Refused,
                                          hold_parameter)
 from qmqpd_harness import QmqpServer, ask, netstring, request
 from queue_view import queued
-from test_smtpd_dialogue import session
+from smtpd_support import session
 
 NOW = 1_800_000_000
 

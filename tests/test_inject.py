@@ -5,21 +5,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from queue_view import queued
-from smtpd_support import mess_count
+from smtpd_support import env, mess_count
 
 pytestmark = pytest.mark.both_backends
-
-
-def env(home, **extra):
-    e = dict(home.env)
-    for name in ("QMAILUSER", "MAILUSER", "USER", "LOGNAME", "QMAILHOST", "MAILHOST", "QMAILNAME",
-                 "MAILNAME", "NAME", "QMAILSUSER", "QMAILSHOST", "QMAILINJECT", "QMAILMFTFILE",
-                 "QMAILDEFAULTDOMAIN", "QMAILDEFAULTHOST", "QMAILPLUSDOMAIN", "QMAILIDHOST",
-                 "QMAILQUEUE"):
-        e.pop(name, None)
-    e.update(USER="joe")
-    e.update(extra)
-    return e
 
 
 def inject(home, message, *args, **extra):

@@ -8,10 +8,9 @@ import socket
 import pytest
 
 from queue_view import queued
-from smtpd_support import TIMEOUT, ListenerProcess, reporting_queue
+from smtpd_support import TIMEOUT, ListenerProcess, no_relay_env, relay, reporting_queue, write_rules
 
 REFUSED = (553, b"sorry, that domain isn't in my list of allowed rcpthosts (#5.7.1)")
-MESSAGE = b"Subject: relay\r\n\r\nhi\r\n"
 
 
 def test_smtplib_sends_a_message_through_the_listener(qmail_home):
@@ -112,23 +111,6 @@ def test_usage_errors_exit_100(qmail_home):
 
 # --- per-client rules (control/smtpclients) ---------------------------------------
 
-def no_relay_env(home):
-    env = dict(home.env)
-    env.pop("RELAYCLIENT", None)
-    return env
-
-
-def write_rules(home, text):
-    """Replace control/smtpclients whole (new inode), as an admin's editor or install would."""
-    final = home.control("smtpclients.new", text)
-    os.rename(final, os.path.join(home.path, "control", "smtpclients"))
-
-
-def relay(port, source="127.0.0.1"):
-    """Send one message to a domain outside rcpthosts from source; smtplib's refusals."""
-    with smtplib.SMTP("127.0.0.1", port, timeout=TIMEOUT, source_address=(source, 0)) as c:
-        return c.sendmail("me@test.example", ["far@elsewhere.example"], MESSAGE)
-
 
 def assert_relay_refused(port, source="127.0.0.1"):
     with pytest.raises(smtplib.SMTPRecipientsRefused) as refused:
@@ -157,7 +139,6 @@ def test_allow_rule_with_relayclient_lets_that_client_relay(qmail_home):
     [msg] = queued(qmail_home)
     assert msg.recipients == [b"far@elsewhere.example"]
     assert msg.body_after_received() == b"Subject: relay\n\nhi\n"
-
 
 
 def test_deny_rule_closes_the_connection_before_the_greeting(qmail_home):

@@ -8,9 +8,8 @@ import subprocess
 
 import pytest
 
-from test_listener import no_relay_env, relay, write_rules
 from queue_view import queued
-from smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess, reporting_queue
+from smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess, no_relay_env, relay, reporting_queue, write_rules
 
 
 def ipv6_loopback():

@@ -3,9 +3,8 @@ import re
 
 import pytest
 
-from test_inject import env
 from queue_view import queued
-from smtpd_support import mess_count
+from smtpd_support import env, mess_count
 
 pytestmark = pytest.mark.both_backends
 

@@ -7,27 +7,9 @@ import psutil
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from queue_view import queued
-from smtpd_support import REPLY_LINE, SmtpdProcess, mess_count
+from smtpd_support import REPLY_LINE, SmtpdProcess, assert_nothing_queued, mess_count, open_data, start
 
 SMTPLF = b"451 See https://cr.yp.to/docs/smtplf.html.\r\n"
-
-
-def start(home, **env):
-    s = SmtpdProcess(home, **env)
-    assert s.reply() == b"220 test.example ESMTP\r\n"
-    return s
-
-
-def open_data(s, rcpts=(b"x@test.example",)):
-    assert s.command(b"MAIL FROM:<a@b.example>\r\n") == b"250 ok\r\n"
-    for r in rcpts:
-        assert s.command(b"RCPT TO:<" + r + b">\r\n") == b"250 ok\r\n"
-    assert s.command(b"DATA\r\n") == b"354 go ahead\r\n"
-
-
-def assert_nothing_queued(home):
-    assert queued(home) == []
-    assert mess_count(home) == 0
 
 
 def test_bare_lf_in_data_is_refused_and_nothing_is_queued(qmail_home):

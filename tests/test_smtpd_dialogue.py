@@ -5,15 +5,7 @@ import time
 import pytest
 
 from queue_view import queued
-from smtpd_support import SmtpdProcess
-
-GREETING = b"220 test.example ESMTP\r\n"
-
-
-def session(home, **env):
-    s = SmtpdProcess(home, **env)
-    assert s.reply() == GREETING
-    return s
+from smtpd_support import SmtpdProcess, session
 
 
 def test_helo_mail_rcpt_data_queues_the_message_with_qmails_replies(qmail_home):

@@ -8,7 +8,7 @@ import pytest
 from dns_harness import Dnsmasq, Silent
 from qmailpy.smtpd import dnsbl
 from smtpd_support import SmtpdProcess
-from test_smtpd_tls import certs, tls_home  # noqa: F401  (fixtures: a TLS home with checkpassword)
+from smtpd_tls_support import certs, tls_home  # noqa: F401  (fixtures: a TLS home with checkpassword)
 
 GREETING = b"220 test.example ESMTP\r\n"
 LISTED_TXT = "listed for spam; see https://bl.test/q?192.0.2.7"
@@ -89,7 +89,7 @@ def test_query_names(ip, name):
 
 
 def test_authenticated_user_exempt(tls_home, certs, zones):
-    from test_smtpd_tls import tls_session
+    from smtpd_tls_support import tls_session
     tls_home.control("dnsbl", "bl.test:553\n")
     with tls_session(tls_home, certs, SMTPAUTH="") as s:
         assert s.command(b"MAIL FROM:<alice@test.example>\r\n").startswith(b"553 listed for spam")

@@ -10,10 +10,9 @@ import pytest
 
 from milter_peer import CLOSE, HANG, MilterPeer
 from queue_view import queued
-from smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess
-from test_smtpd_tls import certs, tls_home  # noqa: F401  (fixtures: a TLS home with checkpassword)
+from smtpd_support import GREETING, TIMEOUT, ListenerProcess, SmtpdProcess
+from smtpd_tls_support import certs, tls_home  # noqa: F401  (fixtures: a TLS home with checkpassword)
 
-GREETING = b"220 test.example ESMTP\r\n"
 MESSAGE = (b"From: a@b.example\r\nSubject: hi\r\nX-Tag: one\r\nX-Tag: two\r\n\r\n"
            b"line 1\r\nline 2\r\n.\r\n")
 
@@ -304,7 +303,7 @@ def test_macro_lists_leading_space_and_helo_refusal(qmail_home, milter):
 
 
 def test_tls_and_auth_macros(tls_home, certs):
-    from test_smtpd_tls import tls_session
+    from smtpd_tls_support import tls_session
     with MilterPeer() as peer:
         tls_home.control("milters", peer.control_line())
         with tls_session(tls_home, certs, SMTPAUTH="") as s:

@@ -11,10 +11,9 @@ import tempfile
 
 import pytest
 
-from rspamd_harness import Rspamd, Unavailable
-from test_smtpd_milter import GREETING
 from queue_view import queued
-from smtpd_support import SmtpdProcess
+from rspamd_harness import Rspamd, Unavailable
+from smtpd_support import GREETING, SmtpdProcess
 
 GTUBE = b"XJS*C4JDBQADN1.NSBN3*2IDNEN*GTUBE-STANDARD-ANTI-UBE-TEST-EMAIL*C.34X"
 CLEAN = (b"From: Alice <alice@test.example>\r\nTo: bob@test.example\r\nSubject: lunch\r\n"
