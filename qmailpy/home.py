@@ -80,12 +80,17 @@ def _open_roots_link(path, label):
         raise ControlError("unable to read %s: %s" % (label, e.strerror)) from e
 
 
+def first_line(data):
+    """A single-value file's value: its first line, trailing spaces, tabs and CR removed."""
+    return data.split(b"\n", 1)[0].rstrip(b" \t\r")
+
+
 def control_value(home, name, default=None):
     """A single-value control file as bytes, or default when absent."""
     data = _read(home, name)
     if data is None:
         return default
-    return data.split(b"\n", 1)[0].rstrip(b" \t\r")
+    return first_line(data)
 
 
 def control_list(home, name, default=None):
@@ -101,22 +106,35 @@ def control_list(home, name, default=None):
     return lines
 
 
-def control_int(home, name, default):
-    """Leading decimal digits of a single-value file, else default."""
-    value = control_value(home, name)
-    if value is None:
+INT_MAX = 2 ** 31 - 1         # qmail stores the value in a C int
+
+
+def scan_ulong(value):
+    """qmail's scan_ulong: the number the leading decimal digits of value (bytes or str)
+    spell, or None when it does not start with one. No sign, no leading space: "-1",
+    "  30" and "" have none; "30abc" is 30. Capped at INT_MAX, where qmail's C int wraps."""
+    if isinstance(value, str):
+        value = value.encode("latin-1", "replace")
+    digits = len(value) - len(value.lstrip(b"0123456789"))
+    if not digits:
+        return None
+    return min(int(value[:digits]), INT_MAX)
+
+
+def control_int(home, name, default, low=0, high=INT_MAX):
+    """A numeric control file the way qmail's control_readint reads it: scan_ulong of
+    its first line, else (no leading digit, or no file) default; then kept within
+    low..high (qmail's caps, such as 120 deliveries per channel). Every numeric
+    control file of every program is read here (docs/control-files.md "Control files")."""
+    return readint(control_value(home, name), default, low, high)
+
+
+def readint(line, default, low=0, high=INT_MAX):
+    """control_int for a first line already read (None: no file)."""
+    number = None if line is None else scan_ulong(line)
+    if number is None:
         return default
-    digits = b""
-    body = value.lstrip(b" \t")
-    sign = 1
-    if body[:1] == b"-":
-        sign, body = -1, body[1:]
-    for ch in body:
-        if 48 <= ch <= 57:
-            digits += bytes([ch])
-        else:
-            break
-    return sign * int(digits) if digits else default
+    return max(low, min(high, number))
 
 
 def control_me_default(home, name):

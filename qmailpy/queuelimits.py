@@ -61,7 +61,7 @@ def read_maxrcpt(home):
     """control/maxrcpt: the cap on recipients per message (0: none beyond the byte
     bound). ControlError (qmailpy.home) when the file cannot be read."""
     from qmailpy.home import control_int
-    return max(0, control_int(home, MAXRCPT_CONTROL, DEFAULT_MAXRCPT))
+    return control_int(home, MAXRCPT_CONTROL, DEFAULT_MAXRCPT)
 
 
 class EnvelopeBudget:

@@ -81,8 +81,7 @@ def settings(home):
                 raise ControlError("control/%s: %r: %s" % (CONTROL, line, e)) from None
         if not servers:
             raise ControlError("control/%s lists no server" % CONTROL)
-    timeout = control_int(home, TIMEOUT_CONTROL, DEFAULT_TIMEOUT)
-    return Settings(servers, max(1, timeout))
+    return Settings(servers, control_int(home, TIMEOUT_CONTROL, DEFAULT_TIMEOUT, low=1))
 
 
 def build(config):

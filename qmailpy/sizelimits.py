@@ -9,3 +9,10 @@ control/databytes of a home that has none, so a fresh install has a limit.
 NETWORK_CONTROL = "databytes"
 LOCAL_CONTROL = "localdatabytes"
 SHIPPED_DATABYTES = 26214400        # 25 MiB (Postfix ships 10 MB, Exchange Online 25 MB)
+
+
+def read_limit(home, control):
+    """The largest message in bytes control (NETWORK_CONTROL or LOCAL_CONTROL) allows;
+    0: no limit. ControlError (qmailpy.home) when the file cannot be read."""
+    from qmailpy.home import control_int
+    return control_int(home, control, 0)

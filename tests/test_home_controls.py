@@ -15,7 +15,7 @@ def test_values_lists_and_defaults(tmp_path):
     home = str(tmp_path)
     assert control_value(home, "me") == b"mx.example"
     assert control_list(home, "rcpthosts") == [b"a.example", b"b.example"]
-    assert control_int(home, "databytes", 7) == -12
+    assert control_int(home, "databytes", 7) == 7          # no leading digit: qmail's default
     assert control_value(home, "big") == b"x" * 200000          # longer than one read
     assert control_value(home, "absent", b"dflt") == b"dflt"
     assert control_list(home, "absent") is None

@@ -119,18 +119,17 @@ def _share(fd):
 
 
 def read_segment_limit(control_path):
-    """The segment size limit in control_path (control/logsegmentsize: bytes, a
-    decimal number on the first line); SEGMENT_LIMIT when absent, empty or not a
-    number; at least MIN_SEGMENT_LIMIT. One small read: qmail-queue calls this."""
+    """The segment size limit in control_path (control/logsegmentsize: bytes, by
+    qmail's integer rule, qmailpy.home.readint); SEGMENT_LIMIT when absent, 0 or
+    without leading digits; at least MIN_SEGMENT_LIMIT. One small read: qmail-queue
+    calls this."""
+    from qmailpy.home import first_line, readint
     try:
         with open(control_path, "rb") as f:
             data = f.read(64)
     except OSError:
         return SEGMENT_LIMIT
-    try:
-        value = int(data.split(b"\n", 1)[0].strip())
-    except ValueError:
-        return SEGMENT_LIMIT
+    value = readint(first_line(data), 0)
     if value <= 0:
         return SEGMENT_LIMIT
     return max(value, MIN_SEGMENT_LIMIT)

@@ -123,13 +123,12 @@ class Reader:
 
     def number(self, name):
         """qmail's control_readint: the leading digits; none (or no file) is the default."""
+        from qmailpy.home import scan_ulong
         status, value = self.line(name)
         if status != 1:
             return status, None
-        digits = len(value) - len(value.lstrip(b"0123456789"))
-        if not digits:
-            return 0, None
-        return 1, min(int(value[:digits]), 2 ** 31 - 1)     # a C int: larger values wrap, qmail shows 0
+        number = scan_ulong(value)
+        return (0, None) if number is None else (1, number)
 
     def lines(self, name):
         from qmailpy.home import control_list

@@ -73,16 +73,18 @@ def _log_names(names, name):
 
 
 def read_number(name, dir_fd, default, minimum):
-    """The decimal number on the first line of control file name in dir_fd; default
-    when absent, bad, or not a regular file (nofollow.open_file: no FIFO waited on)."""
+    """Control file name in dir_fd by qmail's integer rule (qmailpy.home.readint), at
+    least minimum; default when absent, unreadable, not a regular file (nofollow.open_file:
+    no FIFO waited on), without leading digits, or 0."""
+    from qmailpy.home import first_line, readint
     try:
         fd = nofollow.open_file(name, dir_fd)
     except OSError:
         return default
     try:
         with os.fdopen(fd, "rb") as f:
-            value = int(f.read(64).split(b"\n", 1)[0].strip())
-    except (OSError, ValueError):
+            value = readint(first_line(f.read(64)), 0)
+    except OSError:
         return default
     return max(value, minimum) if value > 0 else default
 

@@ -237,12 +237,13 @@ def handle(home, conn, uid, timeout, syncs=None, local=False, size_limit=None, p
     local socket, whose requests may carry a not-before time. size_limit: the control
     file holding the largest message size (absent or 0: no limit), or None for none.
     pace: (grace seconds, bytes per second) the request must arrive at (LOCAL_PACE)."""
-    from qmailpy.home import ControlError, control_int
+    from qmailpy.home import ControlError
     from qmailpy.queue.qmailqueue import run_from
+    from qmailpy.sizelimits import read_limit
     request = Request(conn, time.monotonic() + timeout, pace)
     code = None
     try:
-        databytes = 0 if size_limit is None else max(0, control_int(home, size_limit, 0))
+        databytes = 0 if size_limit is None else read_limit(home, size_limit)
     except ControlError:
         request.failure = R_CONTROLS
     else:

@@ -19,7 +19,8 @@ def _locals(home):
 
 
 def _concurrency(home, name, default):
-    return max(0, min(SPAWN_MAX, control_int(home, name, default)))
+    # qmail caps each channel at what its spawner reports (auto_spawn, 120)
+    return control_int(home, name, default, high=SPAWN_MAX)
 
 
 def read_rewriter(home):

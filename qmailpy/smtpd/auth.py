@@ -37,7 +37,7 @@ def checkpassword_argv(home):
 
 
 def checkpassword_timeout(home):
-    return max(1, control_int(home, "timeoutcheckpassword", DEFAULT_TIMEOUT))
+    return control_int(home, "timeoutcheckpassword", DEFAULT_TIMEOUT, low=1)
 
 
 def decode(text):

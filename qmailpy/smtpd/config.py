@@ -1,7 +1,7 @@
 """What qmail-smtpd reads at connection start: control files and the tcpserver environment."""
 import os
 
-from qmailpy.home import ControlError, control_int, control_list, control_value
+from qmailpy.home import ControlError, control_int, control_list, control_value, readint
 from qmailpy.queuelimits import read_maxrcpt
 
 
@@ -17,12 +17,10 @@ class SmtpdConfig:
             if self.greeting is None:
                 raise SetupError("no control/smtpgreeting and no control/me")
             self.liphost = control_value(home, "localiphost", me)
-            self.timeout = control_int(home, "timeoutsmtpd", 1200)
-            if self.timeout <= 0:
-                self.timeout = 1
+            self.timeout = control_int(home, "timeoutsmtpd", 1200, low=1)     # qmail: 0 -> 1
             # deadlines for the whole session and for one DATA, in seconds (0: none)
-            self.session_deadline = max(0, control_int(home, "timeoutsmtpdsession", 3600))
-            self.data_deadline = max(0, control_int(home, "timeoutsmtpddata", 1200))
+            self.session_deadline = control_int(home, "timeoutsmtpdsession", 3600)
+            self.data_deadline = control_int(home, "timeoutsmtpddata", 1200)
             self.databytes = control_int(home, "databytes", 0)
             self.maxrcpt = read_maxrcpt(home)          # the queue's cap (qmailpy.queuelimits)
             rcpthosts = control_list(home, "rcpthosts")
@@ -42,15 +40,8 @@ class SmtpdConfig:
         else:
             self.more_path = None
         value = environ.get("DATABYTES")
-        if value is not None:
-            digits = ""
-            for ch in value:
-                if not ch.isdigit():
-                    break
-                digits += ch
-            self.databytes = int(digits) if digits else 0
-        if self.databytes < 0:
-            self.databytes = 0
+        if value is not None:           # qmail: scan_ulong(x, &u), 0 when no digits
+            self.databytes = readint(value, 0)
 
         def env(name):
             v = environ.get(name)

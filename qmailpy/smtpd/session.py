@@ -324,10 +324,9 @@ class Session:
             self.out += R_TLS_ARGUMENT
             return
         from qmailpy.smtpd import tls
-        from qmailpy.home import control_int
         try:
             context = tls.server_context(self.home)
-            timeout = max(1, control_int(self.home, "timeoutsmtpdtls", tls.DEFAULT_HANDSHAKE_TIMEOUT))
+            timeout = tls.handshake_timeout(self.home)
         except (tls.TlsUnavailable, ControlError):
             self.out += R_TLS_UNAVAILABLE
             return

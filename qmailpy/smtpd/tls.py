@@ -19,6 +19,12 @@ class TlsUnavailable(Exception):
     """The certificate cannot be used: STARTTLS is answered 454."""
 
 
+def handshake_timeout(home):
+    """control/timeoutsmtpdtls: seconds for the handshake after STARTTLS, at least 1."""
+    from qmailpy.home import control_int
+    return control_int(home, "timeoutsmtpdtls", DEFAULT_HANDSHAKE_TIMEOUT, low=1)
+
+
 def cert_path(home):
     return os.path.join(home, "control", CERT)
 
