@@ -1,6 +1,6 @@
 """Helpers for the tests of qmailctl with the real daemons: run qmailctl on a home, a free
 TCP port, qmail-send's log as qmailctl writes it (HOME/log/qmail-send.log), and the
-processes running in a home.
+processes running in a home; qmailctl check's exit code and lines (check).
 """
 import os
 import socket
@@ -46,3 +46,8 @@ def running_in(home):
                 and any(home.path in part for part in proc.info["cmdline"] or []):
             found.append(proc)
     return found
+
+
+def check(home):
+    got = home.run(["qmailctl", "check", "--home", home.path])
+    return got.returncode, got.stdout.decode().splitlines()

@@ -6,15 +6,27 @@ options (no /etc/dnsmasq.conf, no resolv.conf, no /etc/hosts), answering for the
 options without their `--`: `mx-host=x.test,mx.x.test,10`, `host-record=...`,
 `txt-record=...`. It is ready once it answers a query (waited for on its socket);
 close() ends it. Silent(): a UDP socket on 127.0.0.1 that never answers.
+
+DNSServer(zone, servfail): a dnspython server in a thread on 127.0.0.1, answering from
+zone ({name: {type: [rdata text]}}, SERVFAIL for the names in servfail); lookup() is
+qmail-remote's lookup through a resolver pointed at it.
 """
 import os
 import pwd
 import shutil
 import socket
 import subprocess
+import threading
 import time
 
+import dns.message
+import dns.rcode
+import dns.rdatatype
+import dns.resolver
+import dns.rrset
 import pytest
+
+from qmailpy.remote import dns as rdns
 
 WAIT = 30
 
@@ -113,3 +125,43 @@ class Silent:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class DNSServer:
+    def __init__(self, zone, servfail):
+        self.zone, self.servfail = zone, servfail
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                data, peer = self.sock.recvfrom(4096)
+            except OSError:
+                return
+            query = dns.message.from_wire(data)
+            response = dns.message.make_response(query)
+            question = query.question[0]
+            name = question.name.to_text()
+            rdtype = dns.rdatatype.to_text(question.rdtype)
+            if name in self.servfail:
+                response.set_rcode(dns.rcode.SERVFAIL)
+            elif name not in self.zone:
+                response.set_rcode(dns.rcode.NXDOMAIN)
+            elif rdtype in self.zone[name]:
+                response.answer.append(dns.rrset.from_text_list(name, 300, "IN", rdtype,
+                                                                self.zone[name][rdtype]))
+            self.sock.sendto(response.to_wire(), peer)
+
+    def lookup(self):
+        resolver = dns.resolver.Resolver(configure=False)
+        resolver.nameservers = ["127.0.0.1"]
+        resolver.port = self.port
+        resolver.lifetime = 5
+        return rdns.resolver_lookup(resolver)
+
+    def close(self):
+        self.sock.close()

@@ -125,3 +125,8 @@ def schedule(home, n):
         except FileNotFoundError:
             pass
     return birth, dues
+
+
+def mtime_of(home, msg):
+    """The mtime of message msg's mess/ file, in whole seconds."""
+    return int(os.stat(os.path.join(home.queue, "mess", str(msg.n % SPLIT), str(msg.n))).st_mtime)

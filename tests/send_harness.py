@@ -5,7 +5,8 @@ Daemons(home, workdir) starts `qmail-start DEFAULTDELIVERY` with its stdout (qma
 log) in a file, waits on that file with inotify, and stops everything at the end. With
 fake=True, small spawner programs written here stand in for qmail-lspawn and qmail-rspawn:
 they answer by the recipient's local part (see FAKE_SPAWNER) and append every command
-they get to workdir/commands.
+they get to workdir/commands. run_send_alone(home): qmail-send run with no spawners
+(its fds 2 and 4 at EOF) and its log on a pipe: its exit code and log.
 
 Opt-in audit collection: with QMAILPY_TEST_AUDIT_COLLECT=DIR in the environment, each home run
 under Daemons gets DIR/<name>/ holding send.log (qmail-send's log, every line prefixed
@@ -231,8 +232,6 @@ class Daemons:
         return self.wait_line(r"^end msg ", n_end, timeout)
 
 
-
-
 class AuditCollector:
     """QMAILPY_TEST_AUDIT_COLLECT=DIR: the stamped log and a queue snapshot of one home, for
     qmail-audit (see the module docstring). Only Daemons creates it, only with the variable."""
@@ -332,3 +331,24 @@ def wait_mess_gone(home, n, timeout=30):
 
 def wait_exit(proc, timeout=30):
     return proc.wait(timeout=timeout)
+
+
+def run_send_alone(home):
+    """qmail-send with its log on a pipe and fds 2/4 at EOF (no spawners): (exit code, log)."""
+    log_r, log_w = os.pipe()
+    ends = [os.pipe() for _ in range(2)]
+    for r, w in ends:
+        os.close(w)
+
+    def wire():
+        os.dup2(ends[1][0], 4)
+    try:
+        proc = subprocess.run(["qmail-send"], stdin=log_w, stdout=subprocess.DEVNULL, stderr=ends[0][0],
+                              env=home.env, timeout=60, preexec_fn=wire)
+        os.close(log_w)
+        log_w = None
+        return proc.returncode, os.read(log_r, 4096)
+    finally:
+        for fd in (log_r, log_w, ends[0][0], ends[1][0]):
+            if fd is not None:
+                os.close(fd)

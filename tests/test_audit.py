@@ -72,7 +72,7 @@ def _sample_dlines():
             parsed = logparse.parse_line("mx", 0, i, line.rstrip("\n"))
             if parsed[4] is not None:
                 events.append(parsed[4])
-    from test_audit_logic import groups_of
+    from audit_support import groups_of
     groups = groups_of(events)
     ctx = messages.HostContext()
     return [dict(zip(messages.DLINE_FIELDS, r[1])) for n, items in groups.items()

@@ -1,11 +1,10 @@
 """The audit's per-message logic without Spark: parsing, transition checks, snapshots."""
 import pytest
 
-from qmailpy import logline, states
-from qmailpy import snapshot_format as snapshot
-from spark import inputs, logparse, messages, report, segments, snapshots, synthetic
-
+from audit_support import groups_of
+from qmailpy import logline, snapshot_format as snapshot, states
 from shared_data import data_file
+from spark import inputs, logparse, messages, report, segments, snapshots, synthetic
 
 EPOCH = data_file("qmail-send-sample.epoch.log")
 T0 = 1795000000.0
@@ -19,24 +18,6 @@ def _events(lines, host="h"):
         if parsed[4] is not None:
             out.append(parsed[4])
     return out
-
-
-def groups_of(events, snaps=()):
-    """{n: items} of one host's log events (and snapshot items), as the Spark job keys them."""
-    groups = {}
-    by_d = {}
-    for e in events:
-        if e[3] in ("start", "result"):
-            by_d.setdefault(e[5], []).append(e)
-        if e[3] in logparse.MESSAGE_KINDS:
-            groups.setdefault(e[4], []).append(("ev", e, e[1], e[2]))
-    for evs in by_d.values():
-        paired, _ = messages.pair_deliveries(evs)
-        for (_h, n), item in paired:
-            groups.setdefault(n, []).append(item)
-    for n, item in snaps:
-        groups.setdefault(n, []).append(item)
-    return groups
 
 
 def _run(lines, ctx=None, snaps=()):
@@ -284,7 +265,6 @@ def test_bad_lines_are_classified():
     assert logparse.parse_line("h", 0, 0, "1795000000.1 delivery 5: succ")[1] == "truncated-line"
     assert logparse.parse_line("h", 0, 0, "1795000000.1 hello there")[1] == "unknown-line"
     assert logparse.parse_line("h", 0, 0, "end msg 5")[1] == "no-timestamp"
-
 
 
 def test_gzip_logs_are_sniffed_and_read_by_their_text():

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from conftest import AS_ROOT
-from test_layout import check
+from ctl_support import check
 
 
 def test_a_symlinked_control_file_is_judged_by_its_target(qmail_home, tmp_path):

@@ -4,11 +4,10 @@ the directory backend's markers leave with the rest of its queue."""
 import os
 import subprocess
 
+from convert_support import build_dir_queue, envelope_files
 from qmailpy.backends.dirqueue import DirQueue
 from qmailpy.backends.logqueue import LogQueue
 from qmailpy.send.clean import CleanClient
-
-from test_logqueue_convert import _build_dir_queue, _files
 
 
 def _convert(home, to):
@@ -18,7 +17,7 @@ def _convert(home, to):
 
 def test_convert_keeps_holds_both_ways(qmail_home):
     queue = qmail_home.queue
-    ns = _build_dir_queue(qmail_home)
+    ns = build_dir_queue(qmail_home)
     held = ns[2]                                        # preprocessed, nothing done yet
     clean = subprocess.Popen(["qmail-clean"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              env=qmail_home.env)
@@ -31,7 +30,7 @@ def test_convert_keeps_holds_both_ways(qmail_home):
     marker = os.path.join(queue, "hold", str(held))
     with open(marker, "rb") as f:
         mark = f.read()
-    before = _files(queue)
+    before = envelope_files(queue)
 
     _convert(qmail_home, "log")
     assert os.listdir(os.path.join(queue, "hold")) == []
@@ -43,7 +42,7 @@ def test_convert_keeps_holds_both_ways(qmail_home):
         lq.close()
 
     _convert(qmail_home, "dir")
-    assert _files(queue) == before
+    assert envelope_files(queue) == before
     assert os.listdir(os.path.join(queue, "hold")) == [str(held)]
     with open(marker, "rb") as f:
         assert f.read() == mark

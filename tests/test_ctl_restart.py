@@ -19,9 +19,9 @@ from delivery_support import wait_maildir
 from lspawn_harness import LocalUsers
 from qmailpy.ctl.daemons import QMQPD_PID, SEND_PID
 from qmailpy.ctl.logwriter import log_set
+from root_paths_support import as_attacker, unchanged, victim  # noqa: F401 (fixture)
 from smtpd_support import TIMEOUT
 from smtpd_tls_support import certs, tls_home  # noqa: F401 (fixtures)
-from test_root_paths import as_attacker, unchanged, victim  # noqa: F401 (fixture)
 
 PIDS = {"qmail-qmqpd": "qmail-qmqpd.pid", "qmail-send": "qmail-send.pid",
         "smtp": "qmail-smtpd.pid", "submission": "qmail-submission.pid"}

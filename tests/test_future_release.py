@@ -12,20 +12,15 @@ import time
 
 import pytest
 
-from qmailpy.layout import SPLIT
 from qmailpy.mess import MAX_HOLD
 from qmailpy.queue.client import ServerSubmission
 from qmailpy.smtpd.futurerelease import (R_DENIED, R_SYNTAX, R_TOO_LONG, R_UNAVAILABLE, Refused,
                                          hold_parameter)
 from qmqpd_harness import QmqpServer, ask, netstring, request
-from queue_view import queued
+from queue_view import mtime_of, queued
 from smtpd_support import session
 
 NOW = 1_800_000_000
-
-
-def mtime_of(home, msg):
-    return int(os.stat(os.path.join(home.queue, "mess", str(msg.n % SPLIT), str(msg.n))).st_mtime)
 
 
 def test_hold_parameters_parse_as_rfc_4865_says():

@@ -6,15 +6,11 @@ import stat
 
 import pytest
 
+from ctl_support import check
 from qmailpy import layout, privs
 from qmailpy.ctl.init import default_domain, plus_domain
 
 AS_ROOT = os.geteuid() == 0
-
-
-def check(home):
-    got = home.run(["qmailctl", "check", "--home", home.path])
-    return got.returncode, got.stdout.decode().splitlines()
 
 
 def test_init_then_check_is_clean(qmail_home):

@@ -8,20 +8,9 @@ import subprocess
 
 import pytest
 
+from net_support import needs_ipv6
 from queue_view import queued
 from smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess, no_relay_env, relay, reporting_queue, write_rules
-
-
-def ipv6_loopback():
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
-needs_ipv6 = pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback here")
 
 
 def env_script(home):

@@ -5,27 +5,9 @@ import subprocess
 
 from inotify_simple import INotify, flags
 
+from convert_support import build_dir_queue, envelope_files
 from qmailpy.backends import dirlist
-from qmailpy.backends.dirqueue import DirQueue
 from qmailpy.backends.logqueue import LogQueue
-from qmailpy.send.clean import CleanClient
-
-from logqueue_harness import route
-
-
-def _files(queue):
-    """{relative path: (bytes, mtime)} of every envelope-side queue file.
-
-    (bounce/n's mtime means nothing to qmail and is not kept.)"""
-    out = {}
-    for kind in ("todo", "info", "local", "remote", "bounce"):
-        for dirpath, _, names in os.walk(os.path.join(queue, kind)):
-            for name in names:
-                path = os.path.join(dirpath, name)
-                with open(path, "rb") as f:
-                    mtime = None if kind == "bounce" else int(os.stat(path).st_mtime)
-                    out[os.path.relpath(path, queue)] = (f.read(), mtime)
-    return out
 
 
 def _views(views):
@@ -33,36 +15,10 @@ def _views(views):
              [(r.done, r.address) for r in v.remote], v.bouncing) for v in views]
 
 
-def _build_dir_queue(qmail_home):
-    for i in range(4):
-        done = qmail_home.queue_message(b"Subject: %d\n\nbody %d\n" % (i, i), b"s%d@x.example" % i,
-                                        [b"a%d@test.example" % i, b"b%d@r.example" % i, b"c@r.example"])
-        assert done.returncode == 0
-    clean = subprocess.Popen(["qmail-clean"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             env=qmail_home.env)
-    try:
-        dq = DirQueue(qmail_home.path, cleaner=CleanClient(clean.stdin.fileno(), clean.stdout.fileno()))
-        ns = sorted(dq.new_work())
-        for n in ns[:3]:
-            dq.preprocess(n, route)
-        a, b = ns[0], ns[1]
-        local = dq.recipients(a, "local")
-        dq.mark_done(a, "local", local[0])
-        remote = dq.recipients(a, "remote")
-        dq.add_bounce_note(a, b"<b0@r.example>:\nno such user\n\n")
-        dq.mark_done(a, "remote", remote[0])
-        dq.reschedule(a, "remote", 2000000000)
-        dq.reschedule(b, "remote", 1900000000)
-    finally:
-        clean.stdin.close()
-        clean.wait(timeout=30)
-    return ns
-
-
 def test_convert_dir_to_log_and_back(qmail_home):
     queue = qmail_home.queue
-    ns = _build_dir_queue(qmail_home)
-    before_files = _files(queue)
+    ns = build_dir_queue(qmail_home)
+    before_files = envelope_files(queue)
     before_views = _views(dirlist.list_messages(queue))
 
     assert len(before_views) == 3 and "todo/%d" % ns[3] in before_files
@@ -73,7 +29,7 @@ def test_convert_dir_to_log_and_back(qmail_home):
     assert b"4 messages moved to the log backend, verified" in done.stderr
     with open(os.path.join(qmail_home.path, "control", "queuebackend")) as f:
         assert f.read() == "log\n"
-    assert _files(queue) == {}
+    assert envelope_files(queue) == {}
     lq = LogQueue(qmail_home.path)
     assert _views(lq.list_messages()) == sorted(before_views, key=lambda v: (v[0] % 23, v[0]))
     assert lq.counts() == (4, 1)
@@ -82,7 +38,7 @@ def test_convert_dir_to_log_and_back(qmail_home):
     done = qmail_home.run(["qmailctl", "convert", "--to", "dir", "--home", qmail_home.path])
     assert done.returncode == 0, done.stderr
     assert b"converting to dir [" in done.stderr
-    assert _files(queue) == before_files            # bytes and mtimes (birth, next attempt)
+    assert envelope_files(queue) == before_files            # bytes and mtimes (birth, next attempt)
     assert os.listdir(os.path.join(queue, "log")) in ([], ["lock", "sync"], ["sync", "lock"])
     with open(os.path.join(qmail_home.path, "control", "queuebackend")) as f:
         assert f.read() == "dir\n"
@@ -91,7 +47,7 @@ def test_convert_dir_to_log_and_back(qmail_home):
 def test_convert_refuses_while_qmail_send_runs(qmail_home):
     done = qmail_home.queue_message(b"x\n", b"s@x", [b"r@test.example"])
     assert done.returncode == 0
-    before = _files(qmail_home.queue)
+    before = envelope_files(qmail_home.queue)
     fd = os.open(os.path.join(qmail_home.queue, "lock", "sendmutex"), os.O_WRONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -100,7 +56,7 @@ def test_convert_refuses_while_qmail_send_runs(qmail_home):
         os.close(fd)
     assert done.returncode == 1
     assert b"qmail-send is running" in done.stderr
-    assert _files(qmail_home.queue) == before
+    assert envelope_files(qmail_home.queue) == before
     assert not os.path.exists(os.path.join(qmail_home.path, "control", "queuebackend"))
 
 
@@ -152,10 +108,10 @@ def _race_convert_with_qmail_queue(qmail_home, to):
 
 
 def test_convert_waits_for_a_running_qmail_queue_both_ways(qmail_home):
-    ns = _build_dir_queue(qmail_home)
+    ns = build_dir_queue(qmail_home)
     rest = _race_convert_with_qmail_queue(qmail_home, "log")
     assert b"5 messages moved to the log backend, verified" in rest
-    assert _files(qmail_home.queue) == {}                  # no todo/ file stranded
+    assert envelope_files(qmail_home.queue) == {}                  # no todo/ file stranded
     lq = LogQueue(qmail_home.path)
     states = lq.latest_states()
     lq.close()
@@ -187,13 +143,13 @@ def _convert_killed_at(qmail_home, to, step):
 
 def test_convert_killed_at_every_step_is_finished_by_a_rerun(qmail_home):
     queue = qmail_home.queue
-    _build_dir_queue(qmail_home)
-    dir_files = _files(queue)
+    build_dir_queue(qmail_home)
+    dir_files = envelope_files(queue)
     views = sorted(_views(dirlist.list_messages(queue)), key=lambda v: (v[0] % 23, v[0]))
     for step in CRASH_STEPS:
         said = _convert_killed_at(qmail_home, "log", step)
         assert (b"finishing an interrupted" in said) == (step in ("switched", "source-half")), step
-        assert _files(queue) == {}, step
+        assert envelope_files(queue) == {}, step
         lq = LogQueue(qmail_home.path)
         assert _views(lq.list_messages()) == views, step
         assert lq.counts() == (4, 1), step
@@ -201,5 +157,5 @@ def test_convert_killed_at_every_step_is_finished_by_a_rerun(qmail_home):
 
         said = _convert_killed_at(qmail_home, "dir", step)
         assert (b"discarding an interrupted" in said) == (step in CRASH_STEPS[:3]), step
-        assert _files(queue) == dir_files, step            # bytes and mtimes
+        assert envelope_files(queue) == dir_files, step            # bytes and mtimes
         assert [x for x in os.listdir(os.path.join(queue, "log")) if x.endswith(".seg")] == [], step

@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from delivery_support import wait_maildir
+from net_support import dead_port
 from qmqpd_harness import QmqpServer
 from queue_view import leftovers
-from test_qmqpc import dead_port
 
 CRON_MAIL = b"To: bench@test.example\nSubject: cron output\n\nbackup done\n"
 

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from net_support import dead_port
 from qmqpd_harness import QmqpServer
 from queue_view import queued
 
@@ -47,14 +48,6 @@ def hub(qmail_home):
     with QmqpServer(qmail_home, "--tcp", "127.0.0.1:0") as server:
         server.home = qmail_home
         yield server
-
-
-def dead_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()           # nothing listens there now: a refused connection
-    return port
 
 
 def test_the_first_hub_down_the_next_one_queues(client, hub):

@@ -5,7 +5,6 @@ lookup code talks to it over UDP through a dnspython resolver pointed at it.
 """
 import os
 import socket
-import threading
 
 import dns.message
 import dns.rcode
@@ -14,6 +13,7 @@ import dns.resolver
 import dns.rrset
 import pytest
 
+from dns_harness import DNSServer
 from qmailpy.remote import deliver, dns as rdns
 from remote_harness import ScriptedPeer, closed_port
 
@@ -34,46 +34,6 @@ ZONE = {
     "deadmx.test.": {"MX": ["10 nowhere.test."]},
 }
 SERVFAIL = {"broken.test.", "soft.test."}
-
-
-class DNSServer:
-    def __init__(self, zone, servfail):
-        self.zone, self.servfail = zone, servfail
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self):
-        while True:
-            try:
-                data, peer = self.sock.recvfrom(4096)
-            except OSError:
-                return
-            query = dns.message.from_wire(data)
-            response = dns.message.make_response(query)
-            question = query.question[0]
-            name = question.name.to_text()
-            rdtype = dns.rdatatype.to_text(question.rdtype)
-            if name in self.servfail:
-                response.set_rcode(dns.rcode.SERVFAIL)
-            elif name not in self.zone:
-                response.set_rcode(dns.rcode.NXDOMAIN)
-            elif rdtype in self.zone[name]:
-                response.answer.append(dns.rrset.from_text_list(name, 300, "IN", rdtype,
-                                                                self.zone[name][rdtype]))
-            self.sock.sendto(response.to_wire(), peer)
-
-    def lookup(self):
-        resolver = dns.resolver.Resolver(configure=False)
-        resolver.nameservers = ["127.0.0.1"]
-        resolver.port = self.port
-        resolver.lifetime = 5
-        return rdns.resolver_lookup(resolver)
-
-    def close(self):
-        self.sock.close()
 
 
 @pytest.fixture(scope="module")

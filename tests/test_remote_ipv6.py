@@ -7,22 +7,11 @@ import struct
 
 import pytest
 
+from dns_harness import DNSServer
+from net_support import needs_ipv6
 from qmailpy.remote import addrsort, deliver, dns as rdns
 from qmailpy.remote.tcpto import Table
 from remote_harness import Smtpd, closed_port, qmail_remote, route
-from test_remote_dns import DNSServer
-
-
-def _has_ipv6_loopback():
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
-needs_ipv6 = pytest.mark.skipif(not _has_ipv6_loopback(), reason="no ::1 on this machine")
 
 V6 = lambda text: socket.inet_pton(socket.AF_INET6, text)      # noqa: E731
 V4 = socket.inet_aton

@@ -120,10 +120,10 @@ def test_tls_failure_tries_the_next_address(qmail_home, certs):
     """The relay's first address (::1, first by RFC 6724; DNS shuffles records of one type) has
     a certificate no CA vouches for, under a required policy; the second (127.0.0.1) has a good
     one and gets the message, encrypted."""
-    from test_remote_ipv6 import _has_ipv6_loopback
-    if not _has_ipv6_loopback():
+    from net_support import ipv6_loopback
+    if not ipv6_loopback():
         pytest.skip("no ::1 on this machine")
-    from test_remote_dns import DNSServer
+    from dns_harness import DNSServer
     from qmailpy.remote import deliver
     trust(qmail_home, certs, "x.test:control/testca.pem\n")
     dns_server = DNSServer({"relay.x.test.": {"A": ["127.0.0.1"], "AAAA": ["::1"]}}, set())
@@ -246,7 +246,7 @@ def test_utf8_and_ascii_recipients_of_one_message_through_rspawn_workers(qmail_h
     """qmail-rspawn's workers give both recipients to one run: the ASCII one's delivery is
     not held back by the other's refusal (it was bounced with it), and the UTF-8 one bounces
     with the #5.6.7 reason, the reply a run of its own gives, byte for byte."""
-    from test_rspawn import Rspawn, put_message
+    from rspawn_harness import Rspawn, put_message
     with Smtpd() as peer:
         route(qmail_home, "x.test", peer.port)
         m = put_message(qmail_home, 4100, b"Subject: hi\n\nbody\n")

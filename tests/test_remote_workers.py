@@ -10,7 +10,7 @@ import signal
 import psutil
 
 from remote_harness import WAIT, Smtpd, route
-from test_rspawn import Rspawn, put_message
+from rspawn_harness import Rspawn, put_message
 
 
 def test_recipients_of_one_message_share_a_transaction_and_keep_their_own_replies(qmail_home):

@@ -12,39 +12,12 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 
 import pytest
 
+from root_paths_support import SECRET, as_attacker, unchanged, victim  # noqa: F401
+
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="root's path races need root")
-
-SECRET = b"root's secret\n"
-
-
-@pytest.fixture
-def victim(tmp_path):
-    """Root's file, in a directory nobody may traverse (so only its own mode keeps nobody out)."""
-    from conftest import traversable_base
-    base = traversable_base(tmp_path, "qmailpy-victim-")
-    path = os.path.join(base, "victim")
-    with open(path, "wb") as f:
-        f.write(SECRET)
-    os.chmod(path, 0o600)
-    yield path
-    shutil.rmtree(base, ignore_errors=True)
-
-
-def unchanged(path):
-    st = os.lstat(path)
-    with open(path, "rb") as f:
-        data = f.read()
-    return (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), data) == (0, 0, 0o600, SECRET)
-
-
-def as_attacker(home, script, *args):
-    """A Popen of `python -c script args...` running as the home's account, lines on stdout."""
-    return subprocess.Popen([sys.executable, "-c", script] + list(args), user=home.uid, group=home.gid,
-                            extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
 def expect_line(proc, word):
@@ -102,7 +75,6 @@ def test_qmqpd_socket_swapped_for_a_symlink_right_after_bind(qmail_home, victim)
 
 
 PLANT = r"""
-import os, sys
 what, path, target = sys.argv[1:]
 if what == "symlink":
     if os.path.isdir(path) and not os.path.islink(path):
@@ -180,7 +152,6 @@ def test_init_rerun_writes_no_control_file_through_a_symlink(qmail_home, victim)
 # with a FIFO or a symlink at NAME.reply
 ANSWER = r"""
 import fcntl, os, sys
-from inotify_simple import INotify, flags
 queue, what, victim = sys.argv[1:]
 lock = os.open(os.path.join(queue, "lock", "sendmutex"), os.O_RDWR)
 fcntl.flock(lock, fcntl.LOCK_EX)
@@ -317,7 +288,6 @@ def test_init_rerun_follows_roots_symlink_but_not_a_users_link_beyond_it(qmail_h
 
 
 HOLD_SEND_LOCK = r"""
-import fcntl, os, sys
 queue, victim = sys.argv[1:]
 lock = os.open(os.path.join(queue, "lock", "sendmutex"), os.O_RDWR)
 fcntl.flock(lock, fcntl.LOCK_EX)

@@ -13,7 +13,7 @@ import pytest
 
 from qmailpy.send.bounce import bounce_message
 from queue_view import leftovers
-from send_harness import Daemons, wait_mess_gone
+from send_harness import Daemons, run_send_alone, wait_mess_gone
 
 MSG = b"Subject: test\n\nhello\n"
 
@@ -270,27 +270,6 @@ def test_second_qmail_send_refuses_to_start(qmail_home, daemons):
             os.close(w)
     assert proc.returncode == 111
     assert out == b"alert: cannot start: qmail-send is already running\n"
-
-
-def run_send_alone(home):
-    """qmail-send with its log on a pipe and fds 2/4 at EOF (no spawners): (exit code, log)."""
-    log_r, log_w = os.pipe()
-    ends = [os.pipe() for _ in range(2)]
-    for r, w in ends:
-        os.close(w)
-
-    def wire():
-        os.dup2(ends[1][0], 4)
-    try:
-        proc = subprocess.run(["qmail-send"], stdin=log_w, stdout=subprocess.DEVNULL, stderr=ends[0][0],
-                              env=home.env, timeout=60, preexec_fn=wire)
-        os.close(log_w)
-        log_w = None
-        return proc.returncode, os.read(log_r, 4096)
-    finally:
-        for fd in (log_r, log_w, ends[0][0], ends[1][0]):
-            if fd is not None:
-                os.close(fd)
 
 
 @pytest.mark.both_backends

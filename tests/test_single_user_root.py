@@ -11,7 +11,7 @@ import pytest
 import accounts
 from lspawn_harness import maildir_files
 from qmailpy import privs
-from test_send_loop import run_send_alone
+from send_harness import run_send_alone
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="only root switches accounts")
 

@@ -12,10 +12,10 @@ import select
 import socket
 import time
 
+from net_support import needs_ipv6
 from queue_view import queued
 from remote_harness import ScriptedPeer, qmail_remote, route
 from smtpd_support import TIMEOUT, ListenerProcess, assert_nothing_queued, open_data, start
-from test_listener_dual_stack import needs_ipv6
 
 TIMEOUT_REPLY = b"451 timeout (#4.4.2)\r\n"
 PER_SOURCE = b"421 too many connections from your address (#4.3.2)\r\n"

@@ -384,7 +384,7 @@ def test_qmail_smtpd_auth_login_plain_and_failures(tls_home, certs):
 def test_futurerelease_is_offered_with_auth_and_taken_after_it(tls_home, certs):
     """RFC 4865 is a submission extension: a client that will AUTH sees FUTURERELEASE in the
     EHLO after STARTTLS, and its hold is taken once it has authenticated."""
-    from test_future_release import mtime_of
+    from queue_view import mtime_of
     with tls_session(tls_home, certs, SMTPAUTH="") as s:
         assert b"\r\n250-FUTURERELEASE 604800 " in s.command(b"EHLO c.example\r\n")
         assert s.command(b"MAIL FROM:<alice@test.example> HOLDFOR=600\r\n") == (
