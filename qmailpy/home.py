@@ -1,6 +1,8 @@
 """The qmail home (QMAILHOME) and its control/ files (docs/control-files.md "Control files").
 
-Single-value files: first line, trailing spaces/tabs stripped. List files: every
+Single-value files: first line, trailing spaces/tabs stripped. Numbers: qmail's
+control_readint, the leading decimal digits of that line, else the default
+(control_int, the one reader of every numeric file). List files: every
 line, trailing whitespace stripped, empty and '#' lines skipped. A missing file
 (ENOENT) means the default; any other error raises ControlError, which callers
 turn into their program's "unable to read controls" failure.

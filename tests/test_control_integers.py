@@ -12,6 +12,7 @@ import os
 import pytest
 
 from qmailpy.home import INT_MAX, control_int, readint, scan_ulong
+from qmqpd_harness import QmqpServer, ask, request
 from smtpd_support import SmtpdProcess
 
 CASES = ("-1", "  30", "30abc", "", None)        # None: no file
@@ -236,3 +237,14 @@ def test_qmail_send_logs_the_concurrency_it_keeps(qmail_home, daemons, local, re
     daemons.start()
     lines = daemons.wait_line(r"^status: ")
     assert [line for line in lines if line.startswith("status: ")][0] == "status: " + status
+
+
+def test_qmail_qmqpd_bounds_tcp_requests_by_the_databytes_it_reads(qmail_home):
+    qmail_home.control("qmqpclients", "127.0.0.1:allow\n")
+    message = request(b"x" * 100, b"a@test.example", [b"b@test.example"])
+    with QmqpServer(qmail_home, "-t", "10", "--tcp", "127.0.0.1:0") as server:
+        for text, accepted in (("-1", True), ("  30", True), ("", True), ("30abc", False)):
+            qmail_home.control("databytes", text + "\n")
+            answer = ask(server.tcp, message)
+            assert answer.startswith(b"Kok ") if accepted else answer.startswith(b"Dsorry, that message size"), \
+                (text, answer)
