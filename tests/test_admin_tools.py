@@ -9,8 +9,12 @@ import re
 import struct
 import time
 
+import pytest
+
 
 from smtpd_support import SmtpdProcess
+
+pytestmark = pytest.mark.slow
 
 
 def ids(home):

@@ -20,6 +20,8 @@ import pytest
 
 from qmailpy.ctl.logwriter import log_set
 
+pytestmark = pytest.mark.slow
+
 pyspark = pytest.importorskip("pyspark")
 
 from spark import job, synthetic  # noqa: E402

@@ -6,9 +6,13 @@ import os
 import shutil
 import stat
 
+import pytest
+
 from delivery_support import maildir_messages, queue, wait_maildir
 from lspawn_harness import LocalUsers
 from send_harness import Daemons
+
+pytestmark = pytest.mark.slow
 
 MARKER = b"X-REFUSE-ME-PLEASE"
 

@@ -9,6 +9,8 @@ import pytest
 
 from queue_view import queued
 
+pytestmark = pytest.mark.slow
+
 MESSAGE = b"To: someone@elsewhere.example\nSubject: %s\n\nhello\n"
 
 

@@ -40,6 +40,7 @@ def test_logs_writable_by_others_and_rotated_logs_are_reported(qmail_home):
         "(fix: chmod go-w log/qmail-send.log)"]
 
 
+@pytest.mark.slow
 def test_logs_qmailctl_start_writes_check_clean(qmail_home):
     done = qmail_home.run(["qmailctl", "start", "--home", qmail_home.path])
     try:
@@ -53,6 +54,7 @@ def test_logs_qmailctl_start_writes_check_clean(qmail_home):
     assert check(qmail_home) == (0, [])
 
 
+@pytest.mark.slow
 def test_the_log_backends_group_is_needed_only_on_the_log_backend(qmail_home):
     """A home of real qmail has no group qmaillog (nor queue/log): on the dir backend
     that is no problem; switched to the log backend it is."""
@@ -68,6 +70,7 @@ def test_the_log_backends_group_is_needed_only_on_the_log_backend(qmail_home):
     assert "control/roles: group qmaillog: no such group: no-such-group-qmailpy" in lines, lines
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not AS_ROOT, reason="qmail's own accounts and a root-owned home need root")
 def test_a_home_laid_out_as_real_qmails_is_faulted_only_for_run():
     """qmail's accounts, no control/roles, no bin/ launchers, no queue/log, no run/:

@@ -31,6 +31,7 @@ def touch(home, rel, atime=None):
     return path
 
 
+@pytest.mark.slow
 def test_todo_and_foop_requests_unlink_their_files(qmail_home, clean):
     mess, intd, todo = touch(qmail_home, "mess/7/30"), touch(qmail_home, "intd/30"), touch(qmail_home, "todo/30")
     assert ask(clean, b"todo/30\0") == b"+"
@@ -42,6 +43,7 @@ def test_todo_and_foop_requests_unlink_their_files(qmail_home, clean):
     assert clean.wait(timeout=30) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("request_", [b"x\0", b"foop/\0", b"foop/12a\0", b"todo/-1\0", b"junk/123\0",
                                       b"foop/" + b"1" * 95 + b"\0"])
 def test_bad_requests_get_x(clean, request_):

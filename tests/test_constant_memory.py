@@ -11,8 +11,12 @@ import sys
 
 import psutil
 
+import pytest
+
 from qmqpd_harness import QmqpServer
 from smtpd_support import ListenerProcess
+
+pytestmark = pytest.mark.slow
 
 TIMEOUT = 120
 MB = 1 << 20

@@ -4,10 +4,14 @@ the directory backend's markers leave with the rest of its queue."""
 import os
 import subprocess
 
+import pytest
+
 from convert_support import build_dir_queue, envelope_files
 from qmailpy.backends.dirqueue import DirQueue
 from qmailpy.backends.logqueue import LogQueue
 from qmailpy.send.clean import CleanClient
+
+pytestmark = pytest.mark.slow
 
 
 def _convert(home, to):

@@ -17,6 +17,8 @@ from remote_harness import Smtpd
 from queue_view import leftovers
 from send_harness import Daemons, wait_gone
 
+pytestmark = pytest.mark.slow
+
 N = 500
 
 INJECTOR = r'''

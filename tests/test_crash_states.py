@@ -55,7 +55,8 @@ from qmailpy.layout import relpath
 from queue_view import leftovers
 from send_harness import Daemons
 
-pytestmark = pytest.mark.skipif(not cs.strace_available(), reason="strace is not installed")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not cs.strace_available(), reason="strace is not installed")]
 
 FULL = knobs.CRASHSTATES_FULL
 CAP = knobs.CRASHSTATES_CAP

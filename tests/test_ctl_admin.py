@@ -14,6 +14,8 @@ from ctl_support import ctl
 from qmailpy.send import metrics
 from send_harness import Daemons
 
+pytestmark = pytest.mark.slow
+
 AS_ROOT = os.geteuid() == 0
 # a home with qmail's accounts, played by distinct system accounts that exist on Debian
 ROLES = {"alias": "news", "qmaild": "daemon", "qmaill": "sys", "qmailp": "games", "qmailq": "bin",

@@ -15,6 +15,8 @@ from inotify_simple import INotify, flags
 from conftest import AS_ROOT
 from ctl_support import LogFile, ctl, running_in
 
+pytestmark = pytest.mark.slow
+
 STAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z \S")
 
 

@@ -23,6 +23,8 @@ from root_paths_support import as_attacker, unchanged, victim  # noqa: F401 (fix
 from smtpd_support import TIMEOUT
 from smtpd_tls_support import certs, tls_home  # noqa: F401 (fixtures)
 
+pytestmark = pytest.mark.slow
+
 PIDS = {"qmail-qmqpd": "qmail-qmqpd.pid", "qmail-send": "qmail-send.pid",
         "smtp": "qmail-smtpd.pid", "submission": "qmail-submission.pid"}
 PROGRAM = {"qmail-qmqpd": "qmail-qmqpd", "qmail-send": "qmail-send",

@@ -16,8 +16,9 @@ from lspawn_harness import LocalUsers
 from qmailpy.ctl import daemons
 from smtpd_support import TIMEOUT
 
-pytestmark = pytest.mark.skipif(shutil.which("svscan") is None,
-                                reason="daemontools is not installed (apt-get install daemontools)")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("svscan") is None,
+                                 reason="daemontools is not installed (apt-get install daemontools)")]
 
 
 class ServiceLog(LogFile):

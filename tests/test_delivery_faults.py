@@ -9,7 +9,7 @@ import pytest
 from delivery_support import wait_maildir
 from remote_harness import ScriptedPeer
 
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 DAEMONS = {"qmail-send", "qmail-lspawn", "qmail-rspawn", "qmail-clean"}
 BIG = 8 << 20                   # far more than the socket buffers can hold in flight

@@ -77,6 +77,7 @@ def recorded(env):
 
 # --- preline ---------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options, head", [
     ([], UFLINE + RPLINE + DTLINE),
     (["-f"], RPLINE + DTLINE),
@@ -91,6 +92,7 @@ def test_preline_prepends_the_lines(env, options, head):
     assert (done.returncode, done.stdout, done.stderr) == (0, head + MSG, b"")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", [0, 99, 100, 77, 111, 3])
 def test_preline_exits_with_the_programs_code(env, code):
     done = run(env, ["preline", "sh", "-c", "cat; echo said >&2; exit %d" % code])
@@ -105,6 +107,7 @@ def test_preline_a_large_message_whole_and_a_program_that_stops_reading(env):
     assert (done.returncode, done.stdout, done.stderr) == (7, UFLINE[:10], b"")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, drop, code, text", [
     (["preline"], (), 100, b"preline: usage: preline cmd [ arg ... ]\n"),
     (["preline", "-x", "cat"], (), 100, b"preline: usage: preline cmd [ arg ... ]\n"),
@@ -121,6 +124,7 @@ def test_preline_refuses(env, argv, drop, code, text):
 
 # --- except, bouncesaying ------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program, code, text", [
     (["true"], 100, b""),
     (["false"], 0, b""),
@@ -136,6 +140,7 @@ def test_except_inverts(env, program, code, text):
     assert (done.returncode, done.stderr) == (code, text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, code, text", [
     (["Not here any more."], 100, b"Not here any more.\n"),
     (["Spam.", "grep", "-q", "^Subject: helpers"], 100, b"Spam.\n"),
@@ -152,6 +157,7 @@ def test_bouncesaying(env, argv, code, text):
 
 # --- maildirmake ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_maildirmake_makes_a_private_maildir(env, tmp_path):
     target = tmp_path / "Maildir"
     done = run(env, ["maildirmake", str(target)], umask=0)
@@ -218,6 +224,7 @@ def test_condredirect_forwards_the_whole_message_when_the_program_says_yes(env):
     assert recorded(env) == (DTLINE + MSG, b"Fjoe@far.example\0Tboss@example.org\0\0")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program, code, text", [
     (["false"], 0, b""),
     (["sh", "-c", "exit 100"], 0, b""),
@@ -258,6 +265,7 @@ def test_condredirect_on_a_pipe_cannot_rewind(env):
 
 # --- through the real qmail-queue ------------------------------------------------
 
+@pytest.mark.slow
 def test_forward_and_condredirect_into_a_real_queue(qmail_home, env):
     from queue_view import queued
     env = dict(env)
@@ -281,6 +289,7 @@ def test_forward_and_condredirect_into_a_real_queue(qmail_home, env):
         assert q.body_after_received(1) == DTLINE + MSG
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as a user without queue rights")
 def test_forward_without_queue_rights_goes_through_qmail_qmqpd(qmail_home, env):
     from qmqpd_harness import QmqpServer
@@ -323,6 +332,7 @@ def test_helpers_import_only_what_they_use(module):
 
 # --- in .qmail files, delivered by qmail-send --------------------------------------
 
+@pytest.mark.slow
 def test_helpers_in_dot_qmail_files_end_to_end(qmail_home, users, daemons):
     """`|preline cat > file`, condredirect, forward and bouncesaying as program lines of
     a running qmail-send: found on PATH in QMAILHOME/bin, given qmail-local's variables,

@@ -11,7 +11,7 @@ import pytest
 from delivery_support import MSG, queue, new_msgs, wait_maildir
 from send_harness import shared_dir, wait_mess_gone
 
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 
 def test_local_to_local_maildir_log_sequence(qmail_home, users, daemons):

@@ -3,11 +3,15 @@ forwards are handed to that program (message on fd 0, envelope on fd 1), as qmai
 qmail_open() does, and nothing of theirs enters the queue directly."""
 import os
 
+import pytest
+
 from inotify_simple import INotify, flags
 
 from delivery_support import queue
 from lspawn_harness import LocalUsers
 from send_harness import Daemons
+
+pytestmark = pytest.mark.slow
 
 FAKE_QQ = """#!/bin/sh
 # a qmail-queue stand-in: keep the message and the envelope, say "queued"

@@ -12,7 +12,7 @@ from queue_view import schedule
 from remote_harness import Smtpd
 from send_harness import Daemons, wait_mess_gone
 
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 MSG = b"Subject: remote e2e\n\nline one\n.line with a dot\n"
 

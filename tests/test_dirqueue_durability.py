@@ -8,7 +8,7 @@ import pytest
 
 from qmailpy.backends.dirqueue import DirQueue
 
-pytestmark = pytest.mark.dir_only
+pytestmark = [pytest.mark.slow, pytest.mark.dir_only]
 
 
 class RecordingCleaner:

@@ -14,7 +14,7 @@ import pytest
 
 from qmailpy.layout import relpath
 
-pytestmark = pytest.mark.dir_only
+pytestmark = [pytest.mark.slow, pytest.mark.dir_only]
 
 
 def put(home, rel, data):

@@ -25,7 +25,7 @@ from lspawn_harness import LocalUsers
 from send_harness import Daemons
 from smtpd_support import SmtpdProcess
 
-pytestmark = [pytest.mark.skipif(not AS_ROOT, reason="mounting a tmpfs needs root"),
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not AS_ROOT, reason="mounting a tmpfs needs root"),
               pytest.mark.both_backends]
 
 PAGE = 4096

@@ -14,6 +14,8 @@ from conftest import AS_ROOT
 from dns_harness import Dnsmasq, txt_strings
 from remote_harness import Smtpd, qmail_remote, route
 
+pytestmark = pytest.mark.slow
+
 MESSAGE = (b"From: Joe Example <joe@example.test>\nTo: ann@x.test\nSubject: signed\n"
            b"Date: 27 Nov 2026 03:00:00 -0000\nMessage-ID: <1@example.test>\n\n"
            b".leading dot\nbare\rCR and a CRLF\r\n  spaces  \t \n\n\n")

@@ -21,6 +21,7 @@ def dnsmasq():
         yield server
 
 
+@pytest.mark.slow
 def test_relay_name_resolved_by_listed_server(qmail_home, dnsmasq):
     qmail_home.control("dnsresolvers", "# the test server\n" + dnsmasq.control_line())
     with Smtpd() as peer:
@@ -30,6 +31,7 @@ def test_relay_name_resolved_by_listed_server(qmail_home, dnsmasq):
     assert [t.rcpt_tos for t in peer.transactions] == [["joe@x.test"]]
 
 
+@pytest.mark.slow
 def test_mx_and_missing_names_come_from_listed_server(qmail_home, dnsmasq):
     qmail_home.control("dnsresolvers", dnsmasq.control_line())
     # its MX is this host (127.0.0.1): the lookup was answered by dnsmasq
@@ -39,6 +41,7 @@ def test_mx_and_missing_names_come_from_listed_server(qmail_home, dnsmasq):
     assert records == [b"DSorry, I couldn't find any host named nowhere.zone.test. (#5.1.2)\n"]
 
 
+@pytest.mark.slow
 def test_silent_server_defers_within_deadline(qmail_home):
     with Silent() as silent:
         qmail_home.control("dnsresolvers", silent.control_line())
@@ -50,6 +53,7 @@ def test_silent_server_defers_within_deadline(qmail_home):
     assert 2 <= took < 10, took
 
 
+@pytest.mark.slow
 def test_bad_line_is_control_error(qmail_home):
     qmail_home.control("dnsresolvers", "127.0.0.1:53\nname.server.test\n")
     _, records = qmail_remote(qmail_home, "x.test", b"a@b.test", b"joe@x.test")

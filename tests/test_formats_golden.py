@@ -139,6 +139,7 @@ def test_split_mapping_matches_notqmail_paths():
     assert layout.relpath("bounce", 457) == "bounce/457"
 
 
+@pytest.mark.slow
 def test_qmail_queue_names_mess_by_inode(qmail_home):
     for i in range(5):
         assert qmail_home.queue_message(b"m\n", b"a@b", [b"c@d"]).returncode == 0
@@ -153,6 +154,7 @@ def test_qmail_queue_names_mess_by_inode(qmail_home):
     assert found == 5
 
 
+@pytest.mark.slow
 def test_preprocessing_writes_info_local_remote_as_the_spec_gives_them(qmail_home):
     """The files qmail-send's preprocessing (DirQueue) writes, against bytes typed from
     docs/queue-format.md "File formats": info `F<sender>\\0`, local/remote one `T<addr>\\0` per recipient."""

@@ -20,6 +20,8 @@ from qmqpd_harness import QmqpServer, ask, netstring, request
 from queue_view import mtime_of, queued
 from smtpd_support import session
 
+pytestmark = pytest.mark.slow
+
 NOW = 1_800_000_000
 
 

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from queue_view import queued
 from smtpd_support import env, mess_count
 
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 
 def inject(home, message, *args, **extra):

@@ -13,6 +13,7 @@ from qmailpy.ctl.init import default_domain, plus_domain
 AS_ROOT = os.geteuid() == 0
 
 
+@pytest.mark.slow
 def test_init_then_check_is_clean(qmail_home):
     assert check(qmail_home) == (0, [])
     q = qmail_home.queue
@@ -27,6 +28,7 @@ def test_init_then_check_is_clean(qmail_home):
         assert st.st_uid == qmail_home.uid, rel
 
 
+@pytest.mark.slow
 def test_init_writes_controls_and_roles(qmail_home):
     control = os.path.join(qmail_home.path, "control")
     for name in ("me", "locals", "rcpthosts", "defaultdomain", "plusdomain"):
@@ -36,6 +38,7 @@ def test_init_writes_controls_and_roles(qmail_home):
     assert privs.account(qmail_home.path, "qmailq").uid == qmail_home.uid
 
 
+@pytest.mark.slow
 def test_init_is_idempotent_and_keeps_controls(qmail_home):
     qmail_home.control("locals", "test.example\nother.example\n")
     assert qmail_home.queue_message(b"m\n", b"a@b", [b"c@d"]).returncode == 0
@@ -47,6 +50,7 @@ def test_init_is_idempotent_and_keeps_controls(qmail_home):
     assert check(qmail_home) == (0, [])
 
 
+@pytest.mark.slow
 def test_check_lists_every_discrepancy(qmail_home):
     q = qmail_home.queue
     shutil.rmtree(os.path.join(q, "info", "5"))
@@ -72,6 +76,7 @@ def test_check_lists_every_discrepancy(qmail_home):
     assert set(lines) == expected, lines
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not AS_ROOT, reason="only root can give files away")
 def test_check_reports_wrong_owner(qmail_home):
     os.chown(os.path.join(qmail_home.queue, "pid"), 0, qmail_home.gid)
@@ -80,6 +85,7 @@ def test_check_reports_wrong_owner(qmail_home):
     assert lines == ["queue/pid: owner uid 0, should be %d (qmailq)" % qmail_home.uid]
 
 
+@pytest.mark.slow
 def test_check_reports_writable_trusted_files_and_readable_logs(qmail_home):
     cdb = os.path.join(qmail_home.path, "users", "cdb")
     open(cdb, "ab").close()
@@ -98,6 +104,7 @@ def test_check_reports_writable_trusted_files_and_readable_logs(qmail_home):
         "(fix: chmod o-r log/qmail-send.log)"}, lines
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not AS_ROOT, reason="only root can give files away")
 def test_check_reports_a_trusted_file_owned_by_another_account(qmail_home):
     path = os.path.join(qmail_home.path, "control", "locals")
@@ -107,6 +114,7 @@ def test_check_reports_a_trusted_file_owned_by_another_account(qmail_home):
                      "(fix: chown root control/locals)" % pwd.getpwnam("daemon").pw_uid]
 
 
+@pytest.mark.slow
 def test_check_of_a_dir_backend_home_without_queue_log_is_clean(qmail_home):
     if qmail_home.backend != "dir":
         pytest.skip("the directory backend")
@@ -117,6 +125,7 @@ def test_check_of_a_dir_backend_home_without_queue_log_is_clean(qmail_home):
     assert "queue/log: missing (should be a directory)" in lines
 
 
+@pytest.mark.slow
 def test_check_reports_role_without_account(qmail_home):
     qmail_home.control("roles", open(os.path.join(qmail_home.path, "control", "roles")).read()
                        + "qmailr:no-such-user-qmailpy\n")
@@ -145,6 +154,7 @@ def test_init_without_user_as_non_root_is_single_user(tmp_path, qmail_home):
     assert privs.single_user(privs.load_roles(str(tmp_path / "h"))) == pwd.getpwuid(os.getuid()).pw_name
 
 
+@pytest.mark.slow
 def test_init_as_root_without_qmail_accounts_explains(tmp_path, qmail_home):
     if not AS_ROOT:
         pytest.skip("needs root")

@@ -13,6 +13,7 @@ from smtpd_support import TIMEOUT, ListenerProcess, no_relay_env, relay, reporti
 REFUSED = (553, b"sorry, that domain isn't in my list of allowed rcpthosts (#5.7.1)")
 
 
+@pytest.mark.slow
 def test_smtplib_sends_a_message_through_the_listener(qmail_home):
     with ListenerProcess(qmail_home) as listener:
         with smtplib.SMTP("127.0.0.1", listener.port, timeout=TIMEOUT) as client:
@@ -34,6 +35,7 @@ def test_smtplib_sends_a_message_through_the_listener(qmail_home):
     assert msg.body_after_received() == b"Subject: via smtplib\n\nhello\n.starts with dot\n"
 
 
+@pytest.mark.slow
 def test_child_gets_the_tcpserver_environment(qmail_home):
     # A replacement qmail-queue reports the environment back through qmail's fd-6 protocol.
     env = reporting_queue(qmail_home, "$PROTO", "$TCPREMOTEIP", "$TCPREMOTEPORT", "$TCPLOCALIP",
@@ -71,6 +73,7 @@ def accept_queue(port):
 HOLD_WINDOW = 0.5
 
 
+@pytest.mark.slow
 def test_connection_limit_holds_further_connections_until_one_ends(qmail_home):
     with ListenerProcess(qmail_home, "-c", "1") as listener:
         first = socket.create_connection(("127.0.0.1", listener.port), timeout=TIMEOUT)
@@ -102,6 +105,7 @@ def test_sigterm_stops_the_listener(qmail_home):
         raise AssertionError("listener still accepting after SIGTERM")
 
 
+@pytest.mark.slow
 def test_usage_errors_exit_100(qmail_home):
     for args in ([], ["nohostport"], ["-c", "x", "127.0.0.1:25"], ["127.0.0.1:port"]):
         done = qmail_home.run(["qmail-smtpd-listen", *args])
@@ -124,6 +128,7 @@ def stderr_line(listener):
     return listener.proc.stderr.readline()
 
 
+@pytest.mark.slow
 def test_client_matching_no_rule_may_not_relay(qmail_home):
     write_rules(qmail_home, '192.168.1.:allow,RELAYCLIENT=""\n10.0.0.1:allow,RELAYCLIENT=""\n')
     with ListenerProcess(qmail_home, env=no_relay_env(qmail_home)) as listener:
@@ -131,6 +136,7 @@ def test_client_matching_no_rule_may_not_relay(qmail_home):
     assert queued(qmail_home) == []
 
 
+@pytest.mark.slow
 def test_allow_rule_with_relayclient_lets_that_client_relay(qmail_home):
     write_rules(qmail_home, '# relaying for this host only\n127.0.0.1:allow,RELAYCLIENT=""\n')
     with ListenerProcess(qmail_home, env=no_relay_env(qmail_home)) as listener:
@@ -141,6 +147,7 @@ def test_allow_rule_with_relayclient_lets_that_client_relay(qmail_home):
     assert msg.body_after_received() == b"Subject: relay\n\nhi\n"
 
 
+@pytest.mark.slow
 def test_deny_rule_closes_the_connection_before_the_greeting(qmail_home):
     # The exact address wins over the prefix, whatever the order of the lines (as in tcpserver).
     write_rules(qmail_home, '127.:deny\n127.0.0.1:allow,RELAYCLIENT=""\n')

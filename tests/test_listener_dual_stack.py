@@ -29,6 +29,7 @@ def session_env(port, host):
     return text.split(b"|")
 
 
+@pytest.mark.slow
 @needs_ipv6
 def test_an_ipv4_client_of_a_dual_stack_listener_meets_the_ipv4_rules(qmail_home):
     write_rules(qmail_home, '127.0.0.1:allow,RELAYCLIENT=""\n127.0.0.2:deny\n')
@@ -78,6 +79,7 @@ def test_maxrcpt_0_leaves_only_the_queues_byte_bound(qmail_home):
         assert all(s.reply() == b"250 ok\r\n" for _ in range(1200))
 
 
+@pytest.mark.slow
 @needs_ipv6
 @pytest.mark.parametrize("client", ["127.0.0.1", "::1"])
 def test_socket_activation_on_a_dual_stack_socket_sets_the_same_variables(qmail_home, client):

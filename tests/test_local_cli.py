@@ -4,6 +4,8 @@ import tempfile
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 USAGE = (b"qmail-local: usage: qmail-local [ -nN ] user homedir local dash ext domain sender"
          b" aliasempty\n")
 

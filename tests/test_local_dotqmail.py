@@ -13,6 +13,7 @@ def delivered(home, sub="Maildir"):
     return list(maildir_files(os.path.join(home, sub)).values())
 
 
+@pytest.mark.slow
 def test_ext_and_default_files(users):
     home = users.add("joe-", dash="-", wildcard=True)
     for sub in ("A", "B", "C", "D"):
@@ -66,6 +67,7 @@ def test_program_environment(users):
     assert b"UFLINE=From Joe-Doe@example.org " in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code,expect", [
     (0, (b"K", b"out\ndid 0+0+1\n")),
     (100, (b"D", b"out\n")),
@@ -80,6 +82,7 @@ def test_program_exit_codes(users, code, expect):
     assert users.deliver(b"meg@test.example") == expect
 
 
+@pytest.mark.slow
 def test_exit_99_skips_later_lines_but_forwards_still_go(users):
     home = users.add("ned")
     users.dotqmail(home, "", "&ned-fwd@elsewhere.example\n|exit 99\n./Maildir/\n")
@@ -89,6 +92,7 @@ def test_exit_99_skips_later_lines_but_forwards_still_go(users):
     assert delivered(home) == []
 
 
+@pytest.mark.slow
 def test_failure_stops_later_lines(users):
     home = users.add("olga")
     users.dotqmail(home, "", "./Maildir/\n|echo no; exit 100\n./Mailbox\n")
@@ -116,6 +120,7 @@ def test_forward_is_requeued(users):
     assert mess.endswith(b"\nDelivered-To: pat@test.example\n" + MESSAGE)
 
 
+@pytest.mark.slow
 def test_forward_newsender_from_owner_files(users):
     home = users.add("list-", dash="-", wildcard=True)
     users.dotqmail(home, "-news", "&reader@remote.example\n")
@@ -143,6 +148,7 @@ def test_forward_only_refuses_file_and_program_lines(users):
         b"Z", b"Uh-oh: .qmail has prog delivery but has x bit set. (#4.7.0)\n")
 
 
+@pytest.mark.slow
 def test_comments_only_delivers_nothing(users):
     home = users.add("rita")
     users.dotqmail(home, "", "# nothing here\n\n# still nothing\n")
@@ -150,6 +156,7 @@ def test_comments_only_delivers_nothing(users):
     assert delivered(home) == []
 
 
+@pytest.mark.slow
 def test_blank_first_line_and_empty_file(users):
     home = users.add("sam")
     users.dotqmail(home, "", "\n./Maildir/\n")

@@ -5,8 +5,9 @@ import resource
 import subprocess
 import sys
 
-from inotify_simple import INotify, flags
+import pytest
 
+from inotify_simple import INotify, flags
 
 
 def big_message(tag, lines=20000):
@@ -22,6 +23,7 @@ def quoted(message):
     return b"".join(out)
 
 
+@pytest.mark.slow
 def test_two_writers_at_once_do_not_interleave(users):
     home = users.add("mary", maildir=False)
     mbox = users.write(os.path.join(home, "Mailbox"), b"", 0o600)
@@ -96,6 +98,7 @@ def test_write_error_truncates_back(qmail_home, tmp_path):
     assert mbox.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_lock_held_too_long_is_temporary(tmp_path):
     # The 30-second limit, shortened: the same code path with lock_timeout=1.
     script = (

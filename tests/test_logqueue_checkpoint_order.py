@@ -22,9 +22,13 @@ import subprocess
 import sys
 
 import checkpoint_scenario as scenario
+
+import pytest
 from lspawn_harness import LocalUsers
 from qmailpy import logline
 from send_harness import Daemons
+
+pytestmark = pytest.mark.slow
 
 SCENARIO = os.path.abspath(scenario.__file__)
 

@@ -3,11 +3,15 @@ import fcntl
 import os
 import subprocess
 
+import pytest
+
 from inotify_simple import INotify, flags
 
 from convert_support import build_dir_queue, envelope_files
 from qmailpy.backends import dirlist
 from qmailpy.backends.logqueue import LogQueue
+
+pytestmark = pytest.mark.slow
 
 
 def _views(views):

@@ -107,6 +107,7 @@ def test_uninterrupted_run_delivers_everything_once(tmp_path):
     assert sorted(r for _, r in deliveries(dpath)) == EXPECTED
 
 
+@pytest.mark.slow
 def test_sigkill_at_every_record_boundary(tmp_path, stop_count):
     assert stop_count > 30
     for kill_at in range(stop_count):

@@ -24,6 +24,8 @@ from qmailpy.backends.logcommit import list_segments, segment_name
 from remote_harness import Smtpd
 from send_harness import Daemons
 
+pytestmark = pytest.mark.slow
+
 MESSAGES = 40
 
 

@@ -6,10 +6,14 @@ import os
 import signal
 import time
 
+import pytest
+
 from delivery_support import queue, wait_maildir
 from lspawn_harness import LocalUsers
 from remote_harness import Smtpd
 from send_harness import Daemons
+
+pytestmark = pytest.mark.slow
 
 N = 1500
 

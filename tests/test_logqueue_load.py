@@ -7,11 +7,15 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from inotify_simple import INotify, flags
 
 from qmailpy.backends.logqueue import LogQueue
 
 from logqueue_harness import deliver_all, deliveries, make_queue
+
+pytestmark = pytest.mark.slow
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)

@@ -17,7 +17,7 @@ from queue_view import queued
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
-pytestmark = pytest.mark.skipif(not os.path.exists(BOOT_ID), reason="no kernel boot_id")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not os.path.exists(BOOT_ID), reason="no kernel boot_id")]
 
 
 def queue(home, i):

@@ -48,6 +48,7 @@ def _normal(fields):
     return out
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(records, min_size=1, max_size=6))
 def test_records_round_trip(items):
@@ -99,6 +100,7 @@ def _queue_with_messages(tmp_path, count):
     return home, ns, seg
 
 
+@pytest.mark.slow
 def test_torn_tail_at_every_byte_of_the_last_record(tmp_path):
     home, ns, seg = _queue_with_messages(tmp_path, 4)
     with open(seg, "rb") as f:
@@ -210,6 +212,7 @@ def _damage_and_deliver(base, work, offset, value, checkpoint):
 PAYLOAD_STRIDE = 4
 
 
+@pytest.mark.slow
 def test_every_damaged_byte_of_a_middle_record_is_delivered_or_reported(tmp_path):
     base, owed = _history_queue(tmp_path / "base")
     with open(os.path.join(base, "queue", "log", "0000000001.seg"), "rb") as f:

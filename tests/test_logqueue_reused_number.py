@@ -16,6 +16,8 @@ import os
 import shutil
 import time
 
+import pytest
+
 from inotify_simple import INotify, flags
 
 from delivery_support import new_msgs, queue, wait_maildir
@@ -23,6 +25,8 @@ from lspawn_harness import LocalUsers
 from qmailpy.backends.logenqueue import append_envelope
 from qmailpy.trigger import pull
 from send_harness import Daemons, wait_mess_gone
+
+pytestmark = pytest.mark.slow
 
 AS_ROOT = os.geteuid() == 0
 

@@ -32,7 +32,7 @@ from send_harness import Daemons
 from qmailpy.backends import logrecords as R
 from qmailpy.backends.logqueue import LogQueue
 
-pytestmark = pytest.mark.parametrize("queue_backend", ["log"], indirect=True)
+pytestmark = [pytest.mark.slow, pytest.mark.parametrize("queue_backend", ["log"], indirect=True)]
 
 USERS = ("alice", "bob", "snd")
 # (subject, sender, recipients)

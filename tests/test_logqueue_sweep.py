@@ -14,10 +14,14 @@ superseded snapshot again: a new pass on a finished message whose body was gone
 import os
 import time
 
+import pytest
+
 from qmailpy.backends.logenqueue import enqueue
 from qmailpy.backends.logrunners import FLUSH_IN_FLIGHT
 
 from logqueue_harness import make_queue, started
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_paused_sweep_does_not_offer_a_message_finished_meanwhile(tmp_path):

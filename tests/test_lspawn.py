@@ -48,11 +48,13 @@ def test_mbox_default_delivery_and_empty_sender(users):
                     b"From: joe@example.org\nSubject: hello\n\n>From the start\nline two\n\n")
 
 
+@pytest.mark.slow
 def test_nonexistent_user_falls_back_to_alias(users):
     assert users.deliver(b"nosuchuser@test.example") == (
         b"D", b"Sorry, no mailbox here by that name. (#5.1.1)\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("local", [b"postmaster", b"PostMaster", b"POSTMASTER"])
 def test_postmaster_in_any_case_reaches_alias(users, local):
     alias = os.path.join(users.qh.path, "alias")
@@ -90,6 +92,7 @@ def test_delivered_to_loop(users):
     assert len(maildir_files(os.path.join(home, "Maildir"))) == 1
 
 
+@pytest.mark.slow
 def test_no_program_is_executed_per_delivery(users):
     """The delivery runs in a forked child of qmail-lspawn that execs nothing: with no
     qmail-local on PATH it still delivers, and the process running the .qmail program's
@@ -112,6 +115,7 @@ def test_no_program_is_executed_per_delivery(users):
     assert ppid == proc.pid
 
 
+@pytest.mark.slow
 def test_unreadable_dotqmail_is_temporary(users):
     home = users.add("carol")
     users.dotqmail(home, "", "./Maildir/\n", mode=0o000)
@@ -133,12 +137,14 @@ def test_maildir_on_read_only_path_is_temporary(users):
     assert os.listdir(os.path.join(home, "Maildir", "new")) == []
 
 
+@pytest.mark.slow
 def test_missing_maildir_is_temporary(users):
     users.add("frank", maildir=False)
     assert users.deliver(b"frank@test.example") == (
         b"Z", b"Unable to chdir to maildir. (#4.2.1)\n")
 
 
+@pytest.mark.slow
 def test_writable_home_is_refused(users):
     home = users.add("gina")
     os.chmod(home, 0o757)
@@ -146,6 +152,7 @@ def test_writable_home_is_refused(users):
         b"Z", b"Uh-oh: home directory is writable. (#4.7.0)\n")
 
 
+@pytest.mark.slow
 def test_long_report_is_cut(users):
     home = users.add("hal")
     users.dotqmail(home, "", "|head -c 5000 /dev/zero | tr '\\0' x\n")
@@ -194,6 +201,7 @@ def test_missing_defaultdelivery_argument(qmail_home):
     assert qmail_home.run(["qmail-lspawn"], input=b"").returncode == 100
 
 
+@pytest.mark.slow
 def test_compiled_users_cdb_is_used(users):
     from qmailpy.local.users import compile_assign
     home = users.add("team-", dash="-", wildcard=True)
@@ -205,6 +213,7 @@ def test_compiled_users_cdb_is_used(users):
     assert b"Delivered-To: Team-Sales@test.example\n" in body
 
 
+@pytest.mark.slow
 def test_malformed_assign_is_temporary(users):
     path = os.path.join(users.qh.path, "users", "assign")
     with open(path, "w") as f:
@@ -213,6 +222,7 @@ def test_malformed_assign_is_temporary(users):
         b"Z", b"Trouble reading users/cdb in qmail-lspawn.\n")
 
 
+@pytest.mark.slow
 def test_missing_alias_user_is_temporary(users):
     with open(os.path.join(users.qh.path, "control", "roles"), "a") as f:
         f.write("alias:no-such-account-qmailpy\n")

@@ -35,6 +35,7 @@ def cron_sendmail(mini, message=CRON_MAIL):
                           capture_output=True, env=env, timeout=60)
 
 
+@pytest.mark.slow
 def test_cron_mail_on_a_mini_qmail_host_reaches_the_hubs_user(tmp_path, qmail_home, users, daemons):
     bench = users.add("bench")
     daemons.start()
@@ -73,6 +74,7 @@ def test_mini_refuses_names_and_a_home_with_a_queue(tmp_path, qmail_home):
     assert done.returncode == 1 and b"has a queue" in done.stderr
 
 
+@pytest.mark.slow
 def test_check_start_and_stat_know_a_mini_qmail_home(tmp_path):
     # no queue, no accounts, no daemons: check looks at what a null client has, start and
     # stat say there is nothing to run (exit 0), and a listener is refused (nothing to feed)

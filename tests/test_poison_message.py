@@ -11,6 +11,8 @@ import pytest
 from queue_view import leftovers, queued
 from send_harness import Daemons, wait_mess_gone
 
+pytestmark = pytest.mark.slow
+
 MSG = b"Subject: test\n\nhello\n"
 # Accepted by qmail-queue (within qmailpy/queuelimits.py's byte bound: 5000 one-byte
 # recipients, no count cap), but each gets '@' + envnoathost, far beyond the rewriting

@@ -87,6 +87,7 @@ def test_the_full_command_set_answers_as_qmail(mailbox):
     assert mailbox.names("tmp") == ["fresh"]
 
 
+@pytest.mark.slow
 def test_a_wrong_password_ends_the_session_and_changes_nothing(mailbox):
     s = Session(mailbox)
     s.line()
@@ -101,6 +102,7 @@ def test_a_wrong_password_ends_the_session_and_changes_nothing(mailbox):
     assert mailbox.names("new") == ["1000.1.test", "2000.2.test"]
 
 
+@pytest.mark.slow
 def test_a_message_deleted_or_moved_by_another_session(mailbox):
     a, b = Session(mailbox), Session(mailbox)
     a.login()
@@ -119,6 +121,7 @@ def test_a_message_deleted_or_moved_by_another_session(mailbox):
     assert mailbox.names("new") == mailbox.names("cur") == []
 
 
+@pytest.mark.slow
 def test_a_maildir_the_user_cannot_write_or_read(mailbox):
     for sub in ("new", "cur"):
         os.chmod(os.path.join(mailbox.maildir, sub), 0o500)
@@ -158,6 +161,7 @@ def test_a_client_that_disconnects_mid_retr_loses_nothing(mailbox):
     assert mailbox.names("cur") == []
 
 
+@pytest.mark.slow
 def test_usage_and_root(qmail_home, mailbox):
     s = Session(mailbox, argv=["qmail-popup", "test.example"])
     assert s.line() == b"-ERR usage: popup hostname subprogram\r\n"
@@ -182,6 +186,7 @@ def _starttls(s, certs):
     s.file = s.sock.makefile("rb")
 
 
+@pytest.mark.slow
 def test_stls_with_the_smtp_certificate_and_required_before_user(qmail_home, mailbox, certs):
     qmail_home.control("servercert.pem", certs.server_bytes())
     qmail_home.control("pop3requiretls", "1\n")
@@ -283,6 +288,7 @@ def _pop3d(mailbox):
     return ours, proc
 
 
+@pytest.mark.slow
 def test_a_client_that_stops_reading_mid_retr_is_dropped_after_the_timeout(mailbox):
     mailbox.deliver("3000.3.test", b"Subject: big\n\n" + (b"x" * 999 + b"\n") * 8000, 3000)
     sock, proc = _pop3d(mailbox)
@@ -295,6 +301,7 @@ def test_a_client_that_stops_reading_mid_retr_is_dropped_after_the_timeout(mailb
     assert mailbox.names("new") == ["1000.1.test", "2000.2.test", "3000.3.test"]
 
 
+@pytest.mark.slow
 def test_a_message_without_line_ends_is_sent_in_bounded_memory(mailbox):
     long_line = b"a" * 65535 + b"." * 10       # a '.' inside a line is never doubled
     tail = b"y" * (32 << 20)                   # 32 MB, no LF at all
@@ -314,6 +321,7 @@ def test_a_message_without_line_ends_is_sent_in_bounded_memory(mailbox):
     assert peak_kb < 40000, peak_kb
 
 
+@pytest.mark.slow
 def test_a_fifo_in_the_maildir_reads_as_an_empty_message(mailbox):
     fifo = os.path.join(mailbox.maildir, "new", "3000.3.test")
     os.mkfifo(fifo)

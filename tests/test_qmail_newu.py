@@ -1,7 +1,11 @@
 """qmail-newu builds users/cdb from users/assign; bad input leaves the old table."""
 import os
 
+import pytest
+
 from qmailpy import cdb
+
+pytestmark = pytest.mark.slow
 
 
 def test_newu_builds_the_table_lspawn_reads(qmail_home):

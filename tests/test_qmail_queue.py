@@ -80,6 +80,7 @@ def assert_only_leftovers(home):
         assert state in states.LEFTOVER_STATES, (n, state)
 
 
+@pytest.mark.slow
 def test_queues_message_with_received_line_and_todo(qmail_home):
     proc, env_w = start(qmail_home)
     code = feed(proc, env_w, b"Subject: hi\n\nbody\n", envelope(b"joe@a.example", [b"fred@b.example", b"x@c"]))
@@ -105,6 +106,7 @@ def test_queues_message_with_received_line_and_todo(qmail_home):
     assert message_states(qmail_home) == {n: states.S4}
 
 
+@pytest.mark.slow
 @pytest.mark.both_backends
 def test_empty_recipient_list_is_legal(qmail_home):
     proc, env_w = start(qmail_home)
@@ -113,6 +115,7 @@ def test_empty_recipient_list_is_legal(qmail_home):
     assert (m.sender, m.recipients, m.uid) == (b"", [], os.getuid())
 
 
+@pytest.mark.slow
 @pytest.mark.both_backends
 def test_large_message_and_many_recipients(qmail_home):
     message = b"".join(b"line %d %s\n" % (i, b"x" * 70) for i in range(5000))
@@ -132,6 +135,7 @@ def test_large_message_and_many_recipients(qmail_home):
     assert (m.sender, m.recipients) == (b"s@x", rcpts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_bytes, code, leftover", [
     (b"Fa@b\0Tc@d\0", 54, False),                  # no final NUL: read error, cleaned up
     (b"Fa@b\0Tc@d", 54, False),                    # EOF inside an address
@@ -152,6 +156,7 @@ def test_bad_envelopes(qmail_home, env_bytes, code, leftover):
         assert queue_files(qmail_home) == []
 
 
+@pytest.mark.slow
 def test_address_of_exactly_1002_bytes_is_accepted(qmail_home):
     proc, env_w = start(qmail_home)
     rcpt = b"r" * 1002
@@ -183,6 +188,7 @@ def _chmod(path, mode):
     os.chmod(path, mode)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("breakage, code, left", [
     ("nohome", 61, None),
     ("noqueue", 62, None),
@@ -244,6 +250,7 @@ def _wait_for(ino, predicate):
                 return ev
 
 
+@pytest.mark.slow
 def test_sigkill_while_reading_message_leaves_s2(qmail_home):
     messdirs = [os.path.join(qmail_home.queue, "mess", str(s)) for s in range(SPLIT)]
     ino = _watch(messdirs, flags.CREATE)
@@ -261,6 +268,7 @@ def test_sigkill_while_reading_message_leaves_s2(qmail_home):
     assert_only_leftovers(qmail_home)
 
 
+@pytest.mark.slow
 def test_sigkill_while_reading_envelope_leaves_s3(qmail_home):
     ino = _watch([os.path.join(qmail_home.queue, "intd")], flags.CREATE)
     proc, env_w = start(qmail_home)
@@ -275,6 +283,7 @@ def test_sigkill_while_reading_envelope_leaves_s3(qmail_home):
     assert_only_leftovers(qmail_home)
 
 
+@pytest.mark.slow
 def test_sigalrm_is_the_timeout_exit_52(qmail_home):
     ino = _watch([os.path.join(qmail_home.queue, "intd")], flags.CREATE)
     proc, env_w = start(qmail_home)
@@ -287,6 +296,7 @@ def test_sigalrm_is_the_timeout_exit_52(qmail_home):
     assert set(message_states(qmail_home).values()) == {states.S3}     # no cleanup on timeout
 
 
+@pytest.mark.slow
 def test_ignored_signals_do_not_interrupt(qmail_home):
     ino = _watch([os.path.join(qmail_home.queue, "intd")], flags.CREATE)
     proc, env_w = start(qmail_home)
@@ -310,6 +320,7 @@ def _roles_file(home, **override):
     home.control("roles", "".join("%s:%s\n" % kv for kv in roles.items()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override, who", [
     (dict(alias="me"), b"by alias"),
     (dict(qmaild="me"), b"from network"),
@@ -325,6 +336,7 @@ def test_received_line_names_the_caller(qmail_home, override, who):
     assert first.startswith(b"Received: (qmail %d invoked %s); " % (proc.pid, who))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("strace"), reason="strace is not installed")
 def test_syscall_order_with_directory_fsyncs(qmail_home, tmp_path):
     log = tmp_path / "trace"
@@ -370,6 +382,7 @@ def test_syscall_order_with_directory_fsyncs(qmail_home, tmp_path):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("strace"), reason="strace is not installed")
 @pytest.mark.parametrize("nth, what, code, left", [
     (1, "the message file", 53, None),
@@ -390,6 +403,7 @@ def test_fsync_failure_at_each_sync(qmail_home, nth, what, code, left):
     assert set(message_states(qmail_home).values()) == ({left} if left else set())
 
 
+@pytest.mark.slow
 def test_leftovers_of_failed_queueing_are_removed_by_the_36_hour_cleanup(qmail_home):
     """A 91 (no F) leaves S3 and a 65 (intd/ unwritable) leaves S2; aged past 36 hours,
     qmail-send's cleanup has qmail-clean remove them, and nothing else."""
@@ -457,6 +471,7 @@ def _client(home, message, sender, rcpts, environ=None):
     return _in_home(home, go)
 
 
+@pytest.mark.slow
 def test_client_queues_in_a_forked_child(qmail_home):
     code, pid, ok, permanent, text = _client(qmail_home, b"hello\n", b"a@b", [b"c@d"])
     assert (code, ok, permanent, text) == (0, True, False, b"")
@@ -498,6 +513,7 @@ def _script(tmp_path, body):
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("body, code, permanent, text", [
     ("cat >/dev/null; exit 31", 31, True, b"mail server permanently rejected message (#5.3.0)"),
     ("cat >/dev/null; exit 71", 71, False, b"mail server temporarily rejected message (#4.3.0)"),
@@ -516,6 +532,7 @@ def test_client_runs_qmailqueue_verbatim(qmail_home, tmp_path, body, code, perma
     assert (got[0], got[3], got[4]) == (code, permanent, text)
 
 
+@pytest.mark.slow
 def test_client_exec_failure_is_120(qmail_home, tmp_path):
     environ = dict(qmail_home.env, QMAILQUEUE=str(tmp_path / "missing"))
     got = _client(qmail_home, b"m\n", b"a@b", [b"c@d"], environ=environ)
@@ -565,6 +582,7 @@ KILL_POINTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("strace"), reason="strace is not installed")
 @pytest.mark.parametrize("syscall, when, left", KILL_POINTS)
 def test_sigkill_at_each_step(qmail_home, tmp_path, syscall, when, left):
@@ -583,6 +601,7 @@ def test_sigkill_at_each_step(qmail_home, tmp_path, syscall, when, left):
     assert len(pids) == (1 if (syscall, when) in (("link", 1), ("unlink", 1)) else 0)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("strace"), reason="strace is not installed")
 def test_sigkill_after_todo_link_leaves_a_complete_message(qmail_home, tmp_path):
     """The last sync (todo/) comes after the link: a kill there leaves the message queued, whole."""

@@ -88,6 +88,7 @@ def test_a_hub_that_fails_mid_request_is_not_followed_by_the_next(client, hub):
     assert queued(hub.home) == []
 
 
+@pytest.mark.slow
 def test_the_hubs_permanent_refusal_and_bad_envelopes(client, hub):
     env, servers = client
     servers("%s:%d" % hub.tcp)
@@ -98,6 +99,7 @@ def test_the_hubs_permanent_refusal_and_bad_envelopes(client, hub):
     assert queued(hub.home) == []
 
 
+@pytest.mark.slow
 def test_a_hub_that_never_answers_the_connection_times_out_in_10_seconds(client, hub):
     env, servers = client
     black_hole = socket.create_server(("127.0.0.1", 0), backlog=0)

@@ -44,6 +44,7 @@ def still_serves(server, home, count):
     assert len(queued(home)) == count
 
 
+@pytest.mark.slow
 @pytest.mark.both_backends
 def test_a_request_is_queued_for_the_callers_uid(qmail_home, server):
     answer = ask(server.socket, GOOD)
@@ -89,6 +90,7 @@ def test_a_truncated_netstring_is_answered_and_nothing_is_queued(qmail_home, ser
     still_serves(server, qmail_home, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.both_backends
 def test_databytes_bounds_qmqp_from_the_network_and_localdatabytes_local_users(qmail_home):
     """As in qmail, databytes is for what arrives from the network; a local user is
@@ -123,6 +125,7 @@ def test_a_client_that_disconnects_mid_message_leaves_nothing(qmail_home, server
     still_serves(server, qmail_home, 1)
 
 
+@pytest.mark.slow
 def test_a_stalled_client_is_cut_off_at_the_deadline(qmail_home):
     with QmqpServer(qmail_home, "-t", "1") as server:
         with connect(server.socket) as sock:
@@ -132,6 +135,7 @@ def test_a_stalled_client_is_cut_off_at_the_deadline(qmail_home):
         still_serves(server, qmail_home, 1)
 
 
+@pytest.mark.slow
 def test_200_concurrent_clients_half_of_them_broken(qmail_home, server):
     socks = [connect(server.socket) for _ in range(200)]
     answers = [None] * 200
@@ -240,6 +244,7 @@ def test_a_socket_from_systemd_is_used_instead_of_binding(qmail_home, tmp_path):
     assert len(queued(qmail_home)) == 1
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_server_and_removes_its_socket(qmail_home):
     server = QmqpServer(qmail_home).start()
     assert os.path.exists(server.socket)
@@ -247,11 +252,13 @@ def test_sigterm_stops_the_server_and_removes_its_socket(qmail_home):
     assert not os.path.exists(server.socket)
 
 
+@pytest.mark.slow
 def test_queue_client_uses_the_server_only_without_queue_rights(qmail_home):
     # the test's own account owns this home's queue (or is root): it queues itself
     assert type(QueueClient(qmail_home.path, {})).__name__ == "ForkedQueue"
 
 
+@pytest.mark.slow
 @pytest.mark.both_backends
 def test_an_address_with_a_nul_byte_gets_the_servers_answer_without_the_server(qmail_home, server):
     """Through qmail-qmqpd or a forked qmail-queue (a forward, a bounce): an address holding a

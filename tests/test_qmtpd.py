@@ -101,6 +101,7 @@ def test_relayclient_and_bad_sender(home):
     assert only.recipients == [b"v@elsewhere.example@relay.example"]
 
 
+@pytest.mark.slow
 def test_a_length_over_databytes_is_refused_and_queues_nothing(home):
     q = Qmtp(home)
     big = b"Subject: big\n\n" + b"y" * 2000 + b"\n"
@@ -120,6 +121,7 @@ def test_a_length_over_databytes_is_refused_and_queues_nothing(home):
     q.finish()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data, code", [
     (ns(b"\nSubject: cut\n\nbody\n") + ns(b"a@example.org") + b"20:5:u@te", 0),  # connection closed
     (b"12:\nSubject: x\n", 0),                                       # message cut short
@@ -144,6 +146,7 @@ def test_unreadable_controls_end_the_session_with_111(home):
     assert leftovers(home) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data", [
     b"9999999999:",                                                  # past qmail's 200000000
     b"0" * 5000 + b"9999999999:",                                    # however many zeros lead
@@ -156,6 +159,7 @@ def test_a_netstring_length_past_qmails_limit_ends_the_session_with_111(home, da
     assert leftovers(home) == []
 
 
+@pytest.mark.slow
 def test_a_huge_recipient_list_is_answered_in_bounded_memory(home):
     """Each recipient costs a byte until the replies, which go out as they are made: 250000
     recipients (about 6 MB of list, 15 MB of replies) held qmail-qmtpd at 78 MB before."""

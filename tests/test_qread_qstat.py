@@ -8,6 +8,8 @@ import pytest
 
 from shared_data import data_file
 
+pytestmark = pytest.mark.slow
+
 SNAPSHOT = data_file("qmail-queue-snapshot.txt")
 needs_snapshot = pytest.mark.skipif(SNAPSHOT is None, reason="shared/data is not reachable")
 

@@ -15,7 +15,7 @@ from queue_commands_support import PEER, ctl, deferred_message, peer  # noqa: F4
 from send_harness import Daemons
 
 pyspark = pytest.importorskip("pyspark")
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from lspawn_harness import LocalUsers
 from queue_commands_support import PEER, SlowDelivery, ctl, deferred_message, peer  # noqa: F401  (fixture)
 from send_harness import Daemons, wait_mess_gone
 
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 
 def view(home, *args):

@@ -17,6 +17,8 @@ from qmailpy.backends.logqueue import LogQueue
 from queue_commands_support import PEER, SlowDelivery, ctl, deferred_message, peer  # noqa: F401  (fixture)
 from send_harness import Daemons, wait_gone, wait_mess_gone
 
+pytestmark = pytest.mark.slow
+
 
 def _power_cut(home):
     """Every append to the log after its last fsync is lost, and the boot changes."""

@@ -8,7 +8,7 @@ import pytest
 from queue_commands_support import ctl, deferred_message, peer  # noqa: F401  (fixture)
 from send_harness import Daemons
 
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 
 def test_fifo_and_symlink_in_the_command_channel(qmail_home, peer, tmp_path):  # noqa: F811

@@ -9,7 +9,7 @@ import pytest
 from queue_commands_support import ctl, deferred_message, peer  # noqa: F401  (fixture)
 from send_harness import Daemons
 
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 
 def test_bounce_leaves_no_retry_behind(qmail_home, peer):  # noqa: F811

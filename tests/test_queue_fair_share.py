@@ -19,6 +19,8 @@ from qmqpd_harness import QmqpServer
 from queue_view import queued
 from smtpd_support import TIMEOUT, ListenerProcess
 
+pytestmark = pytest.mark.slow
+
 SILENT = 4          # connections each hostile client opens
 SHARED = 3          # workers they may hold in all with -c 4
 

@@ -14,7 +14,7 @@ from qmqpd_harness import QmqpServer, ask, netstring
 from queue_view import leftovers, queued
 from smtpd_support import SmtpdProcess
 
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 TIMEOUT = 60
 TOO_MANY = b"Dtoo many recipients for qq (#5.5.3)"
 

@@ -11,6 +11,8 @@ from queue_view import leftovers, queued
 from qmailpy import logline
 from qmailpy.ctl.logwriter import MIN_SIZE, iso_now, log_set
 
+pytestmark = pytest.mark.slow
+
 MSG = b"Subject: test\n\nhello\n"
 STAMP = len(iso_now()) + 1                 # the log writer's time and a space
 

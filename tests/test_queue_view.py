@@ -14,7 +14,7 @@ from delivery_support import wait_maildir
 from qmailpy import snapshot_format
 from qmailpy.send import metrics
 
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 
 def ctl(home, *args):

@@ -23,6 +23,8 @@ import pytest
 
 from qmailpy.ctl.launchers import package_paths
 
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERLAID = ("/etc", "/opt", "/var", "/home", "/usr/sbin", ROOT)
 VENV = "/opt/qmailpy"

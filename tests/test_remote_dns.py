@@ -147,12 +147,14 @@ def test_results_of_lookups(qmail_home, server, monkeypatch):
         b"DSorry, I couldn't find a mail exchanger or IP address. (#5.4.4)\n"]
 
 
+@pytest.mark.slow
 def test_best_mx_not_in_locals(qmail_home, server, monkeypatch):
     assert run_deliver(qmail_home, b"self.test", server, monkeypatch) == [
         b"DSorry. Although I'm listed as a best-preference MX or A for that host,\n"
         b"it isn't in my control/locals file, so I don't treat it as local. (#5.4.6)\n"]
 
 
+@pytest.mark.slow
 def test_only_mx_better_than_ours_are_tried(qmail_home, server, monkeypatch):
     """backup.test: MX 5 is 127.0.0.x without a listener, MX 10 is this host: never connect to ourselves."""
     port = closed_port()
@@ -162,6 +164,7 @@ def test_only_mx_better_than_ours_are_tried(qmail_home, server, monkeypatch):
     assert me.connections == 0
 
 
+@pytest.mark.slow
 def test_delivery_through_mx(qmail_home, server, monkeypatch):
     with ScriptedPeer([("send", b"220 mx\r\n"), ("line",), ("send", b"250 mx\r\n"), ("line",),
                        ("send", b"250 ok\r\n"), ("line",), ("send", b"550 no such user\r\n")],

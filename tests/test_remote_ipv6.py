@@ -123,6 +123,7 @@ def test_outgoingip_binds_each_family(qmail_home):
     assert peer.transactions[0].peer == "::1"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", ["127.0.0.2\n127.0.0.3\n", "not-an-address\n"])
 def test_bad_outgoingip_is_a_control_error(qmail_home, text):
     qmail_home.control("outgoingip", text)
@@ -131,6 +132,7 @@ def test_bad_outgoingip_is_a_control_error(qmail_home, text):
     assert records == [b"ZUnable to read control files. (#4.3.0)\n"]
 
 
+@pytest.mark.slow
 def test_ipv6_timeouts_go_to_tcpto6(qmail_home):
     lock = os.path.join(qmail_home.queue, "lock")
     assert open(os.path.join(lock, "tcpto6"), "rb").read() == bytes(2048)

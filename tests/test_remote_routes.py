@@ -1,4 +1,6 @@
 """control/smtproutes matching (docs/delivery.md "qmail-remote") and its effect on a real qmail-remote run."""
+import pytest
+
 from qmailpy.remote.routes import find_relay, route_table, split_relay
 from remote_harness import Smtpd, qmail_remote
 
@@ -25,6 +27,7 @@ def test_relay_ports():
     assert split_relay(b"relay.example:") == (b"relay.example", 0)
 
 
+@pytest.mark.slow
 def test_relay_is_used_even_for_local_addresses(qmail_home):
     """A relay skips the 'best MX but not in locals' rule: 127.0.0.1 is one of ours."""
     with Smtpd() as peer:

@@ -11,6 +11,8 @@ from hypothesis import given, settings, strategies as st
 from remote_harness import (ScriptedPeer, Smtpd, closed_port, no_bare_line_ends, qmail_remote,
                             route)
 
+pytestmark = pytest.mark.slow
+
 MESSAGE = (b"Subject: dots and line ends\n\n.leading dot\n..two dots\nLF line\nCRLF line\r\n"
            b"bare\rCR\n8-bit \xe9\xff\n.\nlast\n")
 WIRE_BODY = (b"Subject: dots and line ends\r\n\r\n..leading dot\r\n...two dots\r\nLF line\r\n"

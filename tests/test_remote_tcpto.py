@@ -4,6 +4,8 @@ import socket
 import struct
 import time
 
+import pytest
+
 from qmailpy.remote.tcpto import Table
 from remote_harness import ScriptedPeer, qmail_remote, route
 
@@ -82,6 +84,7 @@ def test_missing_or_empty_file_is_harmless(tmp_path):
     assert not (tmp_path / "absent").exists()
 
 
+@pytest.mark.slow
 def test_connect_timeouts_then_suppression(qmail_home):
     """Real connect timeouts (a listener with a full backlog), then the address is skipped."""
     qmail_home.control("timeoutconnect", "1\n")

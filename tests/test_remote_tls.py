@@ -12,6 +12,8 @@ import pytest
 from remote_harness import ScriptedPeer, Smtpd, qmail_remote, route
 from tls_certs import make_certs
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):

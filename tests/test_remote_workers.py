@@ -9,6 +9,8 @@ import signal
 
 import psutil
 
+import pytest
+
 from remote_harness import WAIT, Smtpd, route
 from rspawn_harness import Rspawn, put_message
 
@@ -64,6 +66,7 @@ def test_more_recipients_than_the_limit_take_more_transactions(qmail_home):
     assert sorted(len(t.rcpt_tos) for t in peer.transactions) == [3, RCPT_LIMIT]
 
 
+@pytest.mark.slow
 def test_the_next_message_to_the_same_peer_reuses_the_connection(qmail_home):
     with Smtpd() as peer:
         route(qmail_home, "x.test", peer.port)

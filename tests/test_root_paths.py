@@ -17,7 +17,7 @@ import pytest
 
 from root_paths_support import SECRET, as_attacker, unchanged, victim  # noqa: F401
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="root's path races need root")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="root's path races need root")]
 
 
 def expect_line(proc, word):

@@ -93,6 +93,7 @@ def test_connection_refused_and_tcpto_cleared_at_start(qmail_home):
     assert open(tcpto, "rb").read() == bytes(1024)
 
 
+@pytest.mark.slow
 def test_no_program_is_executed_per_delivery(qmail_home):
     """Without $QMAILREMOTE the delivery runs in a delivery worker: no qmail-remote on PATH needed."""
     with Smtpd() as peer:

@@ -3,9 +3,13 @@
 a line qmail wrote, and every kind qmail wrote in that run must show up here."""
 import re
 
+import pytest
+
 from qmailpy import logline
 from send_harness import Daemons
 from shared_data import data_file
+
+pytestmark = pytest.mark.slow
 
 MSG = b"Subject: wording\n\nhi\n"
 

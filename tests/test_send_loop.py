@@ -15,6 +15,8 @@ from qmailpy.send.bounce import bounce_message
 from queue_view import leftovers
 from send_harness import Daemons, run_send_alone, wait_mess_gone
 
+pytestmark = pytest.mark.slow
+
 MSG = b"Subject: test\n\nhello\n"
 
 

@@ -13,7 +13,7 @@ from delivery_support import wait_maildir
 from lspawn_harness import LocalUsers
 from qmailpy import logline
 
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 
 @pytest.fixture

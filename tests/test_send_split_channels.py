@@ -15,7 +15,7 @@ from lspawn_harness import LocalUsers
 from remote_harness import ScriptedPeer
 from send_harness import Daemons
 
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 
 class GatedPeer(ScriptedPeer):

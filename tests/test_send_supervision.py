@@ -58,6 +58,7 @@ def test_the_unit_restarts_qmail_send_whatever_ended_it(unit):
     assert unit.env["PATH"].split(":")[0] == os.path.join(unit.home.path, "bin")
 
 
+@pytest.mark.slow
 @pytest.mark.both_backends
 @pytest.mark.parametrize("helper", ["qmail-lspawn", "qmail-rspawn"])
 def test_a_killed_spawner_ends_qmail_send_with_111_and_a_restart_comes_up(unit, helper):
@@ -74,6 +75,7 @@ def test_a_killed_spawner_ends_qmail_send_with_111_and_a_restart_comes_up(unit, 
     assert unit.stop() == 0
 
 
+@pytest.mark.slow
 @pytest.mark.dir_only
 def test_a_killed_qmail_clean_ends_qmail_send_with_111_and_a_restart_finishes_the_job(unit):
     home = unit.home

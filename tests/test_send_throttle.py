@@ -61,6 +61,7 @@ def in_flight_peaks(lines):
     return peak
 
 
+@pytest.mark.slow
 @pytest.mark.both_backends
 def test_concurrency_cap_of_one_and_other_domains_not_slowed(qmail_home, smtpd, daemons):
     smtpd.data_delay = 0.4
@@ -113,6 +114,7 @@ def stamped_log(home, pattern, count, timeout=60):
             ino.read(timeout=int(min(left, 1.0) * 1000))
 
 
+@pytest.mark.slow
 @pytest.mark.both_backends
 def test_rate_limit_counted_per_interval(qmail_home, smtpd):
     """control/ratelimits rate.example:2/1 under qmailctl start: in the log's own stamps, no
@@ -150,6 +152,7 @@ def test_rate_limit_counted_per_interval(qmail_home, smtpd):
         ["r%d@rate.example" % i for i in range(8)] + ["f@fast.example"])
 
 
+@pytest.mark.slow
 @pytest.mark.both_backends
 def test_delayed_domain_waits_and_survives_a_restart(qmail_home, smtpd, daemons):
     """control/delaydomains holds deliveries to a domain until birth + delay, for the local
@@ -175,6 +178,7 @@ def test_delayed_domain_waits_and_survives_a_restart(qmail_home, smtpd, daemons)
     assert "warning: control/delaydomains: ignoring line 'fast.example:x': want domain:seconds" in lines
 
 
+@pytest.mark.slow
 @pytest.mark.both_backends
 def test_sendmail_deliver_after_holds_the_message_until_then(qmail_home, daemons):
     """sendmail -O DeliverAfter=+3: qmail-queue makes the time the mess file's mtime; at
@@ -250,6 +254,7 @@ def test_gate_forgets_idle_domains(qmail_home):
     assert gate.states["busy.example"].inflight == 1
 
 
+@pytest.mark.slow
 def test_a_throttled_wait_costs_qmail_send_no_cpu(qmail_home, smtpd, daemons):
     """The scheduler sleeps until a hold lifts, it does not poll: while a delivery waits
     about 4 s for control/ratelimits rate.example:1/4, qmail-send uses a small fraction of

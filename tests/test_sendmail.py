@@ -6,7 +6,7 @@ import pytest
 from queue_view import queued
 from smtpd_support import env, mess_count
 
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 
 def sendmail(home, args, message, argv0="sendmail", **extra):

@@ -16,7 +16,8 @@ from lspawn_harness import LocalUsers
 from qmqpd_harness import QmqpServer
 from send_harness import Daemons
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="only root can run the roles as other accounts"),
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0, reason="only root can run the roles as other accounts"),
               pytest.mark.both_backends]
 
 QUEUE_OWNER = "daemon"          # any account but the fixture's own: qmailq here

@@ -2,8 +2,12 @@
 import os
 import subprocess
 
+import pytest
+
 from qmailpy.sizelimits import SHIPPED_DATABYTES
 from smtpd_support import SmtpdProcess
+
+pytestmark = pytest.mark.slow
 
 
 def databytes(home):

@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 DATE = re.compile(rb"Date: (\d{1,2}) (\w{3}) (\d{4}) (\d\d):(\d\d):(\d\d) ([+-]\d{4})\n")
 
 

@@ -12,6 +12,8 @@ import select
 import socket
 import time
 
+import pytest
+
 from net_support import needs_ipv6
 from queue_view import queued
 from remote_harness import ScriptedPeer, qmail_remote, route
@@ -54,6 +56,7 @@ def rest(s):
     return data
 
 
+@pytest.mark.slow
 def test_a_client_trickling_data_one_byte_at_a_time_is_cut_off(qmail_home):
     qmail_home.control("timeoutsmtpd", "5")          # every single wait is far shorter
     qmail_home.control("timeoutsmtpddata", "2")
@@ -67,6 +70,7 @@ def test_a_client_trickling_data_one_byte_at_a_time_is_cut_off(qmail_home):
     assert_nothing_queued(qmail_home)
 
 
+@pytest.mark.slow
 def test_a_client_trickling_commands_is_cut_off_at_the_session_deadline(qmail_home):
     qmail_home.control("timeoutsmtpd", "5")
     qmail_home.control("timeoutsmtpdsession", "2")
@@ -87,6 +91,7 @@ def test_a_client_trickling_commands_is_cut_off_at_the_session_deadline(qmail_ho
     assert 1.5 < took < 4, took
 
 
+@pytest.mark.slow
 def test_the_data_deadline_ends_with_the_data(qmail_home):
     """A quick DATA leaves the session deadline in force, not DATA's."""
     qmail_home.control("timeoutsmtpddata", "1")
@@ -100,6 +105,7 @@ def test_the_data_deadline_ends_with_the_data(qmail_home):
     assert len(queued(qmail_home)) == 1
 
 
+@pytest.mark.slow
 def test_a_data_cut_off_by_the_session_deadline_queues_nothing(qmail_home):
     qmail_home.control("timeoutsmtpd", "5")
     qmail_home.control("timeoutsmtpdsession", "2")
@@ -175,6 +181,7 @@ def test_a_dual_stack_listener_counts_ipv4_clients_by_their_ipv4_address(qmail_h
             s.close()
 
 
+@pytest.mark.slow
 def test_a_server_dripping_its_greeting_is_left_at_the_session_deadline(qmail_home):
     qmail_home.control("timeoutremote", "2\n")               # each byte comes well within it
     qmail_home.control("timeoutremotesession", "2\n")
@@ -189,6 +196,7 @@ def test_a_server_dripping_its_greeting_is_left_at_the_session_deadline(qmail_ho
     assert took < 5, took
 
 
+@pytest.mark.slow
 def test_a_server_dripping_its_reply_to_the_dot_may_have_the_message(qmail_home):
     qmail_home.control("timeoutremote", "2\n")
     qmail_home.control("timeoutremotesession", "2\n")
@@ -204,6 +212,7 @@ def test_a_server_dripping_its_reply_to_the_dot_may_have_the_message(qmail_home)
     assert peer.received[0].endswith(b"\r\n.\r\n")
 
 
+@pytest.mark.slow
 def test_no_session_deadline_when_it_is_0(qmail_home):
     qmail_home.control("timeoutremote", "2\n")
     qmail_home.control("timeoutremotesession", "0\n")

@@ -4,6 +4,8 @@ import re
 import socket
 
 import psutil
+
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from queue_view import queued
@@ -87,6 +89,7 @@ def test_nul_bytes_end_a_command_as_in_qmail_and_pass_through_data(qmail_home):
     assert msg.body_after_received() == b"nul\0here\n"
 
 
+@pytest.mark.slow
 def test_eight_bit_addresses_are_queued_byte_for_byte(qmail_home):
     with start(qmail_home) as s:
         assert s.command(b"MAIL FROM:<j\xc3\xb6e@b\xff.example>\r\n") == b"250 ok\r\n"
@@ -99,6 +102,7 @@ def test_eight_bit_addresses_are_queued_byte_for_byte(qmail_home):
     assert msg.body_after_received() == b"\xe9t\xe9\n"
 
 
+@pytest.mark.slow
 def test_data_over_databytes_gets_552_with_bounded_memory(qmail_home):
     qmail_home.control("databytes", "1000000")
     with start(qmail_home) as s:
@@ -133,6 +137,7 @@ def test_databytes_environment_beats_the_control_file(qmail_home):
         assert s.command(b"123456\r\n.\r\n").startswith(b"250 ok")
 
 
+@pytest.mark.slow
 def test_silent_client_gets_the_timeout_reply(qmail_home):
     qmail_home.control("timeoutsmtpd", "1")
     with start(qmail_home) as s:
@@ -157,6 +162,7 @@ def test_disconnect_mid_data_queues_nothing(qmail_home):
     assert_nothing_queued(qmail_home)
 
 
+@pytest.mark.slow
 def test_ten_thousand_pipelined_rcpts(qmail_home):
     rcpts = [b"user%d@test.example" % i for i in range(10000)]
     with start(qmail_home) as s:
@@ -205,6 +211,7 @@ PIECES = st.sampled_from([
 ])
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(PIECES, max_size=25).map(b"".join) | st.binary(max_size=300))

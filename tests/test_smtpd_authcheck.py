@@ -13,6 +13,8 @@ from dns_harness import Dnsmasq, Silent, txt_strings
 from queue_view import queued
 from smtpd_support import SmtpdProcess
 
+pytestmark = pytest.mark.slow
+
 GREETING = b"220 test.example ESMTP\r\n"
 CLIENT = "192.0.2.7"            # tcp_env's TCPREMOTEIP
 

@@ -5,6 +5,8 @@ for any input and any way the input is cut into reads, it stores exactly what
 qmail's per-byte loop stores, ends at the same byte, and fails on the same
 stray LF.
 """
+import pytest
+
 from hypothesis import given, settings, strategies as st
 
 from qmailpy.smtpd.data import DataReader, StrayNewline
@@ -105,6 +107,7 @@ ALPHABET = st.sampled_from([b"\r", b"\n", b".", b"a", b"R", b"received:", b"Deli
                             b"\r\n.\r\n", b"\n.\n", b"\r.\r", b"\n.\r\n", b"\x00", b"\xff"])
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None)
 @given(st.lists(ALPHABET, max_size=40).map(b"".join), st.lists(st.integers(0, 200), max_size=8))
 def test_same_result_as_qmail_for_any_input_and_any_read_sizes(data, cuts):

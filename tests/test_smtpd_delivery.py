@@ -9,7 +9,7 @@ from delivery_support import wait_maildir
 from remote_harness import Smtpd
 from smtpd_support import TIMEOUT, ListenerProcess
 
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from queue_view import queued
 from smtpd_support import SmtpdProcess, session
 
 
+@pytest.mark.slow
 def test_helo_mail_rcpt_data_queues_the_message_with_qmails_replies(qmail_home):
     with session(qmail_home, TCPREMOTEHOST="client.example") as s:
         assert s.command(b"helo relay.example\r\n") == b"250 test.example\r\n"
@@ -33,6 +34,7 @@ def test_helo_mail_rcpt_data_queues_the_message_with_qmails_replies(qmail_home):
     assert msg.body_after_received(2) == b"Subject: hello\n\nline one\n.leading dot\n"
 
 
+@pytest.mark.slow
 def test_received_line_omits_helo_equal_to_remotehost_and_shows_remoteinfo(qmail_home):
     with session(qmail_home, TCPREMOTEHOST="Client.Example", TCPREMOTEINFO="joe",
                  TCPLOCALHOST="mx.test.example") as s:
@@ -68,6 +70,7 @@ def test_ehlo_advertises_pipelining_size_8bitmime(qmail_home):
             b"250-test.example\r\n250-PIPELINING\r\n250-SIZE\r\n250-SMTPUTF8\r\n250 8BITMIME\r\n")
 
 
+@pytest.mark.slow
 def test_size_parameter_over_databytes_is_refused_at_mail(qmail_home):
     qmail_home.control("databytes", "1000")
     with session(qmail_home) as s:
@@ -77,6 +80,7 @@ def test_size_parameter_over_databytes_is_refused_at_mail(qmail_home):
         assert s.command(b"MAIL FROM:<a@b.example> BODY=8BITMIME SIZE=1000\r\n") == b"250 ok\r\n"
 
 
+@pytest.mark.slow
 def test_refused_size_ends_the_open_transaction_of_a_pipelining_client(qmail_home):
     qmail_home.control("databytes", "1000")
     with session(qmail_home) as s:
@@ -89,6 +93,7 @@ def test_refused_size_ends_the_open_transaction_of_a_pipelining_client(qmail_hom
     assert queued(qmail_home) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("line, reply", [
     (b"RSET\r\n", b"250 flushed\r\n"),
     (b"NOOP\r\n", b"250 ok\r\n"),
@@ -107,6 +112,7 @@ def test_single_command_replies(qmail_home, line, reply):
         assert s.command(line) == reply
 
 
+@pytest.mark.slow
 def test_data_without_rcpt_and_mail_needed_again_after_data(qmail_home):
     with session(qmail_home) as s:
         s.command(b"MAIL FROM:<a@b.example>\r\n")
@@ -118,6 +124,7 @@ def test_data_without_rcpt_and_mail_needed_again_after_data(qmail_home):
         assert s.command(b"DATA\r\n") == b"503 MAIL first (#5.5.1)\r\n"
 
 
+@pytest.mark.slow
 def test_relaying_refused_outside_rcpthosts_and_allowed_with_relayclient(qmail_home):
     with session(qmail_home) as s:
         s.command(b"MAIL FROM:<a@b.example>\r\n")
@@ -133,6 +140,7 @@ def test_relaying_refused_outside_rcpthosts_and_allowed_with_relayclient(qmail_h
     assert queued(qmail_home)[0].recipients == [b"friend@elsewhere.example"]
 
 
+@pytest.mark.slow
 def test_relayclient_value_is_appended_to_recipients(qmail_home):
     with session(qmail_home, RELAYCLIENT=".relay") as s:
         s.command(b"MAIL FROM:<a@b.example>\r\n")
@@ -187,6 +195,7 @@ def test_localiphost_rewrites_bracketed_local_ip(qmail_home):
     assert queued(qmail_home)[0].recipients == [b"joe@test.example"]
 
 
+@pytest.mark.slow
 def test_smtpgreeting_and_missing_me(qmail_home):
     qmail_home.control("smtpgreeting", "mx.example welcomes you")
     with SmtpdProcess(qmail_home) as s:
@@ -201,6 +210,7 @@ def test_smtpgreeting_and_missing_me(qmail_home):
         assert s.close() == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arg, addr", [
     (b"FROM:<a@b.example>", b"a@b.example"),
     (b"FROM: <a@b.example> BODY=8BITMIME", b"a@b.example"),
@@ -221,6 +231,7 @@ def test_mail_address_parsing(qmail_home, arg, addr):
     assert queued(qmail_home)[0].sender == addr
 
 
+@pytest.mark.slow
 def test_too_many_hops_refused_and_nothing_queued(qmail_home):
     header = b"".join(b"Received: hop %d\r\n" % i for i in range(50))
     header += b"".join(b"DELIVERED-to: hop %d\r\n" % i for i in range(50))
@@ -238,6 +249,7 @@ def test_too_many_hops_refused_and_nothing_queued(qmail_home):
     assert len(queued(qmail_home)) == 1
 
 
+@pytest.mark.slow
 def test_queue_failure_text_is_relayed(qmail_home):
     import pathlib
     script = pathlib.Path(qmail_home.path) / "reject"      # reachable after the drop to qmaild
@@ -258,6 +270,7 @@ def test_queue_failure_text_is_relayed(qmail_home):
             b"451 mail server temporarily rejected message (#4.3.0)\r\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["ipv4", "dual-stack"])
 def test_systemd_socket_activation_environment_is_mapped_to_tcpserver_names(qmail_home, family):
     import socket

@@ -23,6 +23,7 @@ def zones(qmail_home):
         yield server
 
 
+@pytest.mark.slow
 def test_listed_client_refused_every_command_but_quit(qmail_home, zones):
     qmail_home.control("dnsbl", "clean.test\nbl.test:553\n")
     with SmtpdProcess(qmail_home) as s:
@@ -38,6 +39,7 @@ def test_listed_client_refused_every_command_but_quit(qmail_home, zones):
     assert b"qmail-smtpd: dnsbl: bl.test lists 192.0.2.7: " + LISTED_TXT.encode() + b"\n" in s.stderr
 
 
+@pytest.mark.slow
 def test_default_451_and_text_without_txt_record(qmail_home, zones):
     qmail_home.control("dnsbl", "hard.test\n")
     with SmtpdProcess(qmail_home) as s:
@@ -45,6 +47,7 @@ def test_default_451_and_text_without_txt_record(qmail_home, zones):
         assert s.command(b"MAIL FROM:<a@b.example>\r\n") == b"451 192.0.2.7 is listed in hard.test\r\n"
 
 
+@pytest.mark.slow
 def test_unlisted_and_relay_clients_pass(qmail_home, zones):
     qmail_home.control("dnsbl", "bl.test:553\n")
     with SmtpdProcess(qmail_home, TCPREMOTEIP="192.0.2.8") as s:
@@ -58,6 +61,7 @@ def test_unlisted_and_relay_clients_pass(qmail_home, zones):
     assert b"dnsbl" not in s.stderr
 
 
+@pytest.mark.slow
 def test_lookup_failure_is_temporary_never_a_pass(qmail_home):
     with Silent() as silent:
         qmail_home.control("dnsresolvers", silent.control_line())
@@ -88,6 +92,7 @@ def test_query_names(ip, name):
     assert dnsbl.query_name(ip, b"bl.test") == name
 
 
+@pytest.mark.slow
 def test_authenticated_user_exempt(tls_home, certs, zones):
     from smtpd_tls_support import tls_session
     tls_home.control("dnsbl", "bl.test:553\n")

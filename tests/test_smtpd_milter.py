@@ -13,6 +13,8 @@ from queue_view import queued
 from smtpd_support import GREETING, TIMEOUT, ListenerProcess, SmtpdProcess
 from smtpd_tls_support import certs, tls_home  # noqa: F401  (fixtures: a TLS home with checkpassword)
 
+pytestmark = pytest.mark.slow
+
 MESSAGE = (b"From: a@b.example\r\nSubject: hi\r\nX-Tag: one\r\nX-Tag: two\r\n\r\n"
            b"line 1\r\nline 2\r\n.\r\n")
 

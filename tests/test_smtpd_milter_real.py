@@ -15,6 +15,8 @@ from queue_view import queued
 from rspamd_harness import Rspamd, Unavailable
 from smtpd_support import GREETING, SmtpdProcess
 
+pytestmark = pytest.mark.slow
+
 GTUBE = b"XJS*C4JDBQADN1.NSBN3*2IDNEN*GTUBE-STANDARD-ANTI-UBE-TEST-EMAIL*C.34X"
 CLEAN = (b"From: Alice <alice@test.example>\r\nTo: bob@test.example\r\nSubject: lunch\r\n"
          b"Date: Fri, 27 Nov 2026 03:00:00 +0000\r\nMessage-ID: <lunch.1@test.example>\r\n\r\n"

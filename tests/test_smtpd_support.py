@@ -6,6 +6,8 @@ import pytest
 from queue_view import queued
 from smtpd_support import SmtpdProcess
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.both_backends
 def test_queued_reads_a_message_put_there_by_qmail_queue(qmail_home):

@@ -18,6 +18,8 @@ from queue_view import queued
 from smtpd_support import TIMEOUT, ListenerProcess, SmtpdProcess
 from smtpd_tls_support import TlsSession, certs, tls_home, tls_session  # noqa: F401  (fixtures)
 
+pytestmark = pytest.mark.slow
+
 RECEIVED_TLS = re.compile(rb"  by \S+ with \(TLSv1\.[23]:[A-Z0-9_-]+ encrypted\) SMTP; ")
 
 

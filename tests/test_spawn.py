@@ -4,6 +4,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from hypothesis import given, settings, strategies as st
 
 from qmailpy import spawn
@@ -96,6 +98,7 @@ def _fed_in_pieces(reader, stream, cuts):
     return out
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 255), st.binary(max_size=40)), max_size=8),
        st.lists(st.integers(0, 400), max_size=12))
@@ -114,6 +117,7 @@ def test_reply_reader_keeps_at_most_report_max_bytes_of_a_reply():
     assert replies[1] == (8, b"Z", b"short")
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 255), st.binary(max_size=20), st.binary(max_size=20),
                           st.binary(max_size=20)), max_size=6),

@@ -24,7 +24,7 @@ from qmqpd_harness import QmqpServer
 from queue_view import queued
 from send_harness import Daemons
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create accounts"),
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create accounts"),
               pytest.mark.both_backends]
 
 SUBMITTERS = ("qtuser", "qtweb", "root")

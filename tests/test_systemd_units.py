@@ -95,6 +95,7 @@ def test_the_smtp_socket_limits_connections_per_client_address():
     assert unit_value("qmail-smtpd.socket", "MaxConnectionsPerSource") == "20"
 
 
+@pytest.mark.slow
 def test_systemd_analyze_verify_is_clean(installed, tmp_path):
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed (apt-get install systemd)")

@@ -4,6 +4,8 @@ import select
 import subprocess
 import sys
 
+import pytest
+
 from qmailpy import trigger
 
 
@@ -50,6 +52,7 @@ def test_failed_queueing_does_not_pull(qmail_home):
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_pull_with_full_pipe_does_not_block(qmail_home):
     fd = trigger.open_reader(qmail_home.queue)
     try:

@@ -20,7 +20,7 @@ import pytest
 from accounts import gid, temporary_multiuser_home, uid
 from remote_harness import ScriptedPeer
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create accounts"),
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create accounts"),
               pytest.mark.both_backends]
 
 QUEUE_STATE = ("mess", "intd", "todo", "pid", "info", "local", "remote", "bounce", "lock", "log")

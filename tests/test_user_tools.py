@@ -6,6 +6,8 @@ import pytest
 
 from conftest import AS_ROOT
 
+pytestmark = pytest.mark.slow
+
 
 def test_getpw_prints_the_six_fields_of_an_account_or_the_alias(qmail_home):
     h = qmail_home

@@ -27,6 +27,8 @@ from qmqpd_harness import QmqpServer, ask, connect, netstring, request
 from queue_view import queued
 from smtpd_support import TIMEOUT, ListenerProcess, reporting_queue
 
+pytestmark = pytest.mark.slow
+
 MESSAGE = b"Subject: w\r\n\r\nhi\r\n"
 GOOD = request(b"Subject: hi\n\nhello\n", b"a@example.org", [b"b@example.net"])
 
@@ -89,7 +91,6 @@ def test_a_session_worker_retires_after_its_uses(qmail_home):
             pids.append(session_worker(listener))
             quit_(conn)
         assert pids[0] == pids[1] != pids[2], pids
-
 
 
 @pytest.mark.parametrize("blocked", [(), (signal.SIGCHLD,)], ids=["", "SIGCHLD blocked at start"])
@@ -183,7 +184,6 @@ def test_a_session_worker_killed_mid_session_loses_that_session_only(qmail_home)
     assert [m.recipients for m in queued(qmail_home)] == [[b"you@test.example"]]
 
 
-
 def test_a_client_that_reconnects_after_quit_is_not_counted_twice(qmail_home):
     """-s 1: a client that connects again as soon as its session closed is served; the
     listener hears that the session ended before the client sees the close (it answered
@@ -225,7 +225,6 @@ def test_a_queueing_worker_killed_mid_request_queues_nothing_and_is_replaced(qma
         assert closed(half)
         assert qp(ask(server.socket, GOOD)) != first
     assert len(queued(qmail_home)) == 2
-
 
 
 def files_open(pid):
@@ -310,7 +309,6 @@ def test_deliveries_to_one_account_share_a_worker(users):
     assert workers == {reports[0][0]}
     files = maildir_files(os.path.join(home, "Maildir"))
     assert len(files) == 3                  # three names: one process, no clash, no wait
-
 
 
 def test_each_delivery_of_a_worker_gets_qmail_lspawns_environment_and_its_own_variables(users):
