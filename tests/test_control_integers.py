@@ -248,3 +248,18 @@ def test_qmail_qmqpd_bounds_tcp_requests_by_the_databytes_it_reads(qmail_home):
             answer = ask(server.tcp, message)
             assert answer.startswith(b"Kok ") if accepted else answer.startswith(b"Dsorry, that message size"), \
                 (text, answer)
+
+
+
+@pytest.mark.parametrize("text", ["  1", "-1"], ids=repr)
+def test_qmail_remote_keeps_the_default_session_deadline_for_lines_without_digits(qmail_home, text):
+    """A greeting that takes about 2 s: past a 1-second deadline, well within the default 3600."""
+    from remote_harness import ScriptedPeer, qmail_remote, route
+    qmail_home.control("timeoutremotesession", text + "\n")
+    ok = ("send", b"250 ok\r\n")
+    script = [("drip", b"220 x\r\n", 0.3), ("line",), ok, ("line",), ok, ("line",), ok,
+              ("line",), ("send", b"354 go\r\n"), ("data",), ("send", b"250 queued\r\n")]
+    with ScriptedPeer(script) as peer:
+        route(qmail_home, "x.test", peer.port)
+        code, records = qmail_remote(qmail_home, "x.test", b"a@b.example", b"joe@x.test")
+    assert code == 0 and records[0].startswith(b"r") and records[-1].startswith(b"K"), records
