@@ -13,6 +13,9 @@ import pytest
 
 from conftest import AS_ROOT, traversable_base
 
+# The venv fixture installs the package into a fresh virtualenv (6-9 s)
+pytestmark = pytest.mark.slow
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 from fresh_install import fresh_install, site_packages  # noqa: E402
 
@@ -54,7 +57,6 @@ def shebang(path):
         return f.readline()
 
 
-@pytest.mark.slow
 def test_every_program_is_a_launcher_of_the_installing_python(venv, home):
     path, env = home
     names = set(os.listdir(os.path.join(path, "bin")))
@@ -67,7 +69,6 @@ def test_every_program_is_a_launcher_of_the_installing_python(venv, home):
         assert shebang(program) == ("#!%s\n" % python if name == "qmail-audit" else "#!%s -IS\n" % python)
 
 
-@pytest.mark.slow
 def test_home_bin_qmailctl_finds_the_installed_layout(venv, home):
     """python -IS in a virtualenv has sys.prefix /usr: layout.conf is found through the
     distribution's file list, in the venv's share/qmailpy (not the checkout's)."""
@@ -82,7 +83,6 @@ def test_home_bin_qmailctl_finds_the_installed_layout(venv, home):
         probe.stderr.decode()
 
 
-@pytest.mark.slow
 def test_man_finds_the_pages_with_home_bin_on_path(venv, home):
     """HOME/man is a link to the installation's pages: man(1) looks in HOME/bin/../man."""
     if shutil.which("man") is None:
@@ -131,7 +131,6 @@ def test_a_message_queued_through_home_bin_qmail_queue_lands_in_the_queue(home):
     assert len(os.listdir(os.path.join(path, "queue", "todo"))) == 1
 
 
-@pytest.mark.slow
 def test_the_daemons_run_from_home_bin(home, venv):
     """qmailctl start: every daemon, and qmail-start's children, are HOME/bin's launchers;
     as root in a single-user home (bin/ is its user's, who could rewrite a launcher), the
@@ -158,7 +157,6 @@ def test_the_daemons_run_from_home_bin(home, venv):
     assert names == {"qmail-send", "qmail-qmqpd", "qmail-lspawn", "qmail-rspawn", "qmail-clean"}
 
 
-@pytest.mark.slow
 def test_init_rewrites_launchers_and_removes_its_own_stale_ones(venv, home):
     path, env = home
     bindir = os.path.join(path, "bin")
@@ -210,7 +208,6 @@ def test_init_refuses_a_python_the_accounts_cannot_run(venv, tmp_path):
     assert not os.path.exists(path)
 
 
-@pytest.mark.slow
 def test_check_flags_launchers_the_accounts_cannot_run(venv, home):
     """As root: a home whose launchers name an interpreter some account cannot run
     (written before that became so) fails qmailctl check, naming the account."""
