@@ -40,52 +40,65 @@ def parse_argument(text, rw):
     return [rw(box.address) for box in addrlist.mailboxes(items)]
 
 
-def compose(header, settings, strategy=DEFAULT, args=(), sender=None, now=None, pid=None):
-    now = int(time.time()) if now is None else now
-    pid = pid if pid is not None else __import__("os").getpid()
-    rw = Rewriter(settings.defaulthost, settings.defaultdomain, settings.plusdomain)
-    if strategy == DEFAULT:
-        strategy = ARGS if args else HEADER
-    resent = is_resent(header)
-    header_recipients = strategy in (HEADER, BOTH)
-    wanted = RESENT_RECIPIENT_FIELDS if resent else RECIPIENT_FIELDS
+class _Fields:
+    """The original header fields, as they will be written, and what compose() takes from them."""
 
-    kept = []                 # (key, bytes) of the original fields, as they will be written
-    from_header = []          # header recipient addresses
-    tocc = []                 # To/Cc mailboxes (Mail-Followup-To)
-    return_path = None
+    def __init__(self):
+        self.kept = []            # (key, bytes)
+        self.recipients = []      # header recipient addresses
+        self.tocc = []            # To/Cc mailboxes (Mail-Followup-To)
+        self.return_path = None
+
+
+def _removed_by_flag(settings, key):
+    """-f, -i, -s (QMAILINJECT): the original From, Message-ID, Return-Path go."""
+    return ((settings.flag("f") and key == b"from")
+            or (settings.flag("i") and key == b"message-id")
+            or (settings.flag("s") and key == b"return-path"))
+
+
+def _read_fields(header, settings, rw, wanted, header_recipients):
+    """_Fields of the header: address fields parsed and rewritten, their addresses noted;
+    InjectError for an unreadable sender field, or recipient field when the header's
+    recipients are used (wanted: the recipient fields, Resent- or not)."""
+    fields = _Fields()
     for field in header.fields:
         key = field.key
-        if settings.flag("f") and key == b"from":
-            continue
-        if settings.flag("i") and key == b"message-id":
-            continue
-        if settings.flag("s") and key == b"return-path":
+        if _removed_by_flag(settings, key):
             continue
         raw = field.raw
         if key in SENDER_FIELDS or key in RECIPIENT_FIELDS or key in RESENT_RECIPIENT_FIELDS:
-            try:
-                items = addrlist.parse(field.body())
-            except addrlist.ParseError as e:
-                if key in SENDER_FIELDS or (header_recipients and key in wanted):
-                    raise InjectError(100, "invalid header field (%s): %s"
-                                      % (e, raw.decode("utf-8", "replace").rstrip("\n")))
-                items = None
-            if items is not None:
-                addrlist.rewrite(items, rw)
-                boxes = list(addrlist.mailboxes(items))
-                if key in wanted:
-                    from_header.extend(b.address for b in boxes)
-                if key in (b"to", b"cc"):
-                    tocc.extend(boxes)
-                if key == b"return-path" and boxes and return_path is None:
-                    return_path = boxes[0].address
-                raw = field.name + b": " + addrlist.render(items, len(field.name) + 2) + b"\n"
-        if key in DROPPED:
-            continue
-        kept.append((key, raw))
+            strict = key in SENDER_FIELDS or (header_recipients and key in wanted)
+            raw = _read_address_field(field, rw, strict, key in wanted, fields)
+        if key not in DROPPED:
+            fields.kept.append((key, raw))
+    return fields
 
-    keys = {key for key, _ in kept}
+
+def _read_address_field(field, rw, strict, wanted, fields):
+    """The field as it will be written, its addresses rewritten; notes them in fields.
+    An unreadable field stays as it was unless strict (then InjectError)."""
+    try:
+        items = addrlist.parse(field.body())
+    except addrlist.ParseError as e:
+        if strict:
+            raise InjectError(100, "invalid header field (%s): %s"
+                              % (e, field.raw.decode("utf-8", "replace").rstrip("\n")))
+        return field.raw
+    addrlist.rewrite(items, rw)
+    boxes = list(addrlist.mailboxes(items))
+    if wanted:
+        fields.recipients.extend(b.address for b in boxes)
+    if field.key in (b"to", b"cc"):
+        fields.tocc.extend(boxes)
+    if field.key == b"return-path" and boxes and fields.return_path is None:
+        fields.return_path = boxes[0].address
+    return field.name + b": " + addrlist.render(items, len(field.name) + 2) + b"\n"
+
+
+def _added_fields(fields, settings, rw, resent, now, pid):
+    """The fields qmail-inject adds when the header lacks them (Resent- ones for a resent message)."""
+    keys = {key for key, _ in fields.kept}
     prefix = b"Resent-" if resent else b""
     lower = prefix.lower()
     added = []
@@ -99,33 +112,54 @@ def compose(header, settings, strategy=DEFAULT, args=(), sender=None, now=None, 
     if lower + b"to" not in keys and lower + b"cc" not in keys:
         added.append(prefix + b"Cc: recipient list not shown: ;\n")
     if not resent and settings.mft and b"mail-followup-to" not in keys and \
-            any(b.address.lower() in settings.mft for b in tocc):
-        followup = [addrlist.Mailbox(b.address) for b in tocc]
+            any(b.address.lower() in settings.mft for b in fields.tocc):
+        followup = [addrlist.Mailbox(b.address) for b in fields.tocc]
         added.append(b"Mail-Followup-To: " + addrlist.render(followup, 18) + b"\n")
+    return added
 
+
+def _envelope_sender(sender, fields, settings, rw, now, pid):
+    """-f's address, else the header's Return-Path, else the default sender."""
     if sender is not None:
         found = parse_argument(sender, rw)
         if len(found) > 1:
             raise InjectError(100, "more than one sender address in %r"
                               % sender.decode("utf-8", "replace"))
-        envelope_sender = found[0] if found else b""
-    elif return_path is not None:
-        envelope_sender = return_path
-    else:
-        envelope_sender = default_sender(settings, rw, now, pid)
+        return found[0] if found else b""
+    if fields.return_path is not None:
+        return fields.return_path
+    return default_sender(settings, rw, now, pid)
 
+
+def _envelope_recipients(strategy, args, fields, rw):
     recipients = []
     if strategy in (ARGS, BOTH):
         for arg in args:
             recipients.extend(parse_argument(arg, rw))
-    if header_recipients:
-        recipients.extend(from_header)
-    recipients = [r for r in recipients if r]
+    if strategy in (HEADER, BOTH):
+        recipients.extend(fields.recipients)
+    return [r for r in recipients if r]
+
+
+def compose(header, settings, strategy=DEFAULT, args=(), sender=None, now=None, pid=None):
+    """The completed header and the envelope of a message qmail-inject reads; InjectError
+    when it cannot be queued."""
+    now = int(time.time()) if now is None else now
+    pid = pid if pid is not None else __import__("os").getpid()
+    rw = Rewriter(settings.defaulthost, settings.defaultdomain, settings.plusdomain)
+    if strategy == DEFAULT:
+        strategy = ARGS if args else HEADER
+    resent = is_resent(header)
+    wanted = RESENT_RECIPIENT_FIELDS if resent else RECIPIENT_FIELDS
+    fields = _read_fields(header, settings, rw, wanted, strategy in (HEADER, BOTH))
+    added = _added_fields(fields, settings, rw, resent, now, pid)
+    envelope_sender = _envelope_sender(sender, fields, settings, rw, now, pid)
+    recipients = _envelope_recipients(strategy, args, fields, rw)
     for address in [envelope_sender] + recipients:
         if b"\0" in address:           # qmail-queue's envelope ends addresses with NUL
             raise InjectError(100, "unable to queue address %r: it contains a NUL byte"
                               % address.decode("utf-8", "replace"))
-    return Composed(b"".join(added) + b"".join(raw for _, raw in kept),
+    return Composed(b"".join(added) + b"".join(raw for _, raw in fields.kept),
                     envelope_sender, recipients)
 
 

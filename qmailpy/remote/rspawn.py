@@ -90,6 +90,7 @@ def preload():
     import qmailpy.remote.routes       # noqa: F401
     import qmailpy.remote.smtp         # noqa: F401
     import qmailpy.remote.smtputf8     # noqa: F401
+    import qmailpy.remote.starttls     # noqa: F401
     import qmailpy.remote.tcpto        # noqa: F401
     import qmailpy.remote.tls          # noqa: F401
     import ssl                         # noqa: F401  (STARTTLS; 13-30 ms to import in each child)

@@ -1,7 +1,7 @@
 """qmail-remote's SMTP client dialogue (docs/delivery.md "SMTP dialogue"), byte for byte.
 
 EHLO, falling back to HELO when the peer does not know EHLO (500 or 502);
-STARTTLS when offered (docs/delivery.md "STARTTLS"); MAIL FROM with SMTPUTF8
+STARTTLS when offered (starttls.py, docs/delivery.md "STARTTLS"); MAIL FROM with SMTPUTF8
 when an address is not ASCII or the message came in with SMTPUTF8 (smtputf8.py).
 Each command is written and its reply read before the next; the reply code
 comes from the first line and continuation lines (4th byte '-') are read to the
@@ -283,6 +283,164 @@ def alone(record, verdict, giving_up_verdict):
     return [record, verdict]
 
 
+class Ended(Exception):
+    """The run ends with args[0], its verdict record (the QUIT, if any, already sent)."""
+
+
+class Session:
+    """One run of the dialogue on conn: the peer's address (partner, text), the name
+    qmail-remote greets with, and whether a dropped connection now could leave the
+    message delivered twice (critical: from the final dot to its reply)."""
+
+    def __init__(self, conn, partner, helohost):
+        self.conn, self.partner, self.helohost = conn, partner, helohost
+        self.critical = False
+
+    def _duplicate(self):
+        return b"Possible duplicate! " if self.critical else b""
+
+    def dropped(self):
+        return (b"ZConnected to " + self.partner + b" but connection died. "
+                + self._duplicate() + b"(#4.4.2)\n")
+
+    def outlasted(self):
+        return (b"ZConnected to " + self.partner + b" but the SMTP session outlasted "
+                b"control/timeoutremotesession. " + self._duplicate() + b"(#4.4.2)\n")
+
+    def send_quit(self):
+        """QUIT, once the verdict is known: neither the deadline nor a failed write may
+        change it (a peer gone after accepting the message must not turn K into Z, a
+        duplicate without the "Possible duplicate!" warning)."""
+        self.conn.deadline = None
+        try:
+            self.conn.write(b"QUIT\r\n")   # the peer's answer is not awaited
+        except Dropped:
+            pass
+
+    def verdict(self, prepend, append):
+        tls = self.conn.tls + b"\n" if self.conn.tls else b""
+        return prepend + self.partner + append + b".\n" + tls + self.conn.said()
+
+    def quit(self, prepend, append):
+        self.send_quit()
+        return self.verdict(prepend, append)
+
+    def end(self, prepend, append):
+        """Ended, with the verdict written after QUIT."""
+        return Ended(self.quit(prepend, append))
+
+    def end_on_refusal(self, code, permanent, temporary, append):
+        """Ends the run when the reply code is 5xx (verdict prepend: permanent) or 4xx."""
+        if code >= 500:
+            raise self.end(permanent, append)
+        if code >= 400:
+            raise self.end(temporary, append)
+
+    def hello(self):
+        """The peer's extensions; ends the run when it rejects my name (EHLO, and HELO
+        when it does not know EHLO: 500 or 502)."""
+        conn = self.conn
+        conn.write(b"EHLO " + self.helohost + b"\r\n")
+        code = conn.reply()
+        if code == 250:
+            return conn.extensions()
+        if code in (500, 502):
+            conn.write(b"HELO " + self.helohost + b"\r\n")
+            if conn.reply() == 250:
+                return set()
+        raise self.end(b"ZConnected to ", b" but my name was rejected")
+
+
+def _opening(session, reused, policy, use_tls):
+    """The peer's extensions once greeting, EHLO and STARTTLS (remote/starttls.py) are
+    behind; on a kept connection (reused: its extensions), once RSET has its 250."""
+    conn = session.conn
+    if reused is not None:
+        try:
+            conn.write(b"RSET\r\n")
+            alive = conn.reply() == 250
+        except Dropped:
+            alive = False
+        if not alive:
+            raise Stale()
+        return reused                       # TLS, if any, is already up
+    if conn.reply() != 220:
+        raise session.end(b"ZConnected to ", b" but greeting failed")
+    ext = session.hello()
+    required = policy is not None and policy.required
+    if (b"STARTTLS" in ext and use_tls) or required:
+        from qmailpy.remote import starttls
+        ext = starttls.negotiate(session, ext, policy)
+    return ext
+
+
+def _mail_parameters(session, ext, sender, recipients, message):
+    """MAIL FROM's parameters; ends the run when the message cannot go to a peer
+    without SMTPUTF8 (its sender or every recipient not ASCII, or its header needs it)."""
+    if b"SMTPUTF8" in ext:
+        if (any(not_ascii(r) for r in recipients) or not_ascii(sender)
+                or (message is not None and message.flagged)):
+            return b" SMTPUTF8"
+        return b""
+    if not_ascii(sender) or all(not_ascii(r) for r in recipients):
+        session.send_quit()
+        raise Ended(b"D" + no_smtputf8(session.partner))
+    if message is not None and message.needs_smtputf8:
+        session.send_quit()
+        raise Ended(b"DSorry, " + session.partner + b" does not support SMTPUTF8, which the "
+                    b"message needs: it came in with SMTPUTF8 and its header is not ASCII. "
+                    b"(#5.6.7)\n")
+    return b""
+
+
+def _recipients(session, recipients, refuse_utf8, records):
+    """RCPT TO for each recipient, its r/h/s record appended; ends the run when none
+    is accepted. refuse_utf8: a recipient not ASCII among ASCII ones (qmail-rspawn's
+    workers put a message's recipients at one domain in one run) is refused alone."""
+    conn, partner = session.conn, session.partner
+    accepted = False
+    for recipient in recipients:
+        if refuse_utf8 and not_ascii(recipient):
+            records.append(b"h" + no_smtputf8(partner))
+            continue
+        conn.write(b"RCPT TO:<" + recipient + b">\r\n")
+        code = conn.reply()
+        if code >= 500:
+            records.append(b"h" + partner + b" does not like recipient.\n" + conn.said())
+        elif code >= 400:
+            records.append(b"s" + partner + b" does not like recipient.\n" + conn.said())
+        else:
+            records.append(b"r")
+            accepted = True
+    if not accepted:
+        session.send_quit()
+        raise Ended(giving_up(partner, conn) + conn.said())
+
+
+def _data(session, messfd, message):
+    """DATA, the message and its final dot; returns once the peer has accepted it."""
+    conn = session.conn
+    conn.write(b"DATA\r\n")
+    session.end_on_refusal(conn.reply(), b"D", b"Z", b" failed on DATA command")
+    try:
+        pending = None
+        for piece in body_chunks(messfd, prefix=message.prefix if message else b""):
+            if pending is not None:
+                conn.write(pending)
+            pending = piece
+    except PartialLine:
+        raise Ended(b"DSMTP cannot transfer messages with partial final lines. (#5.6.2)\n")
+    except ReadError:
+        raise Ended(READ_FAILED)
+    conn.write((pending or b"") + b".\r\n")
+    # Only once the final dot is out can the peer have taken the message: a
+    # failure while the body is still going out cannot cause a duplicate.
+    session.critical = True
+    code = conn.reply()
+    session.critical = False
+    session.end_on_refusal(code, b"D", b"Z", b" failed after I sent the message")
+
+
 def dialogue(conn, partner, helohost, sender, recipients, messfd, records, policy=None,
              use_tls=True, message=None, reused=None, keep=None):
     """Talk to the peer; append r/h/s records to `records`; return the verdict record.
@@ -299,173 +457,28 @@ def dialogue(conn, partner, helohost, sender, recipients, messfd, records, polic
     Stale is raised when it is not answered 250. keep(conn, extensions): called
     instead of QUIT once the peer has accepted the message; the connection is then
     left open for the next transaction."""
-    critical = [False]
-    kept = [False]
-
-    def dropped():
-        return (b"ZConnected to " + partner + b" but connection died. "
-                + (b"Possible duplicate! " if critical[0] else b"") + b"(#4.4.2)\n")
-
-    def outlasted():
-        return (b"ZConnected to " + partner + b" but the SMTP session outlasted "
-                b"control/timeoutremotesession. "
-                + (b"Possible duplicate! " if critical[0] else b"") + b"(#4.4.2)\n")
-
-    def send_quit():
-        """QUIT, once the verdict is known: neither the deadline nor a failed write may
-        change it (a peer gone after accepting the message must not turn K into Z, a
-        duplicate without the "Possible duplicate!" warning)."""
-        conn.deadline = None
-        try:
-            conn.write(b"QUIT\r\n")   # the peer's answer is not awaited
-        except Dropped:
-            pass
-
-    def verdict(prepend, append):
-        tls = conn.tls + b"\n" if conn.tls else b""
-        return prepend + partner + append + b".\n" + tls + conn.said()
-
-    def quit(prepend, append):
-        send_quit()
-        return verdict(prepend, append)
-
-    def hello():
-        """The peer's extensions, or None when it rejected my name."""
-        conn.write(b"EHLO " + helohost + b"\r\n")
-        code = conn.reply()
-        if code == 250:
-            return conn.extensions()
-        if code not in (500, 502):
-            return None
-        conn.write(b"HELO " + helohost + b"\r\n")
-        return set() if conn.reply() == 250 else None
-
-    def tls_failed(why, said=b""):
-        """TryNext after a QUIT that nothing may stop."""
-        send_quit()
-        return TryNext(b"ZConnected to " + partner + b" but " + why + b". (#4.7.5)\n" + said, why)
-
+    session = Session(conn, partner, helohost)
+    kept = False
     try:
-        try:
-            required = policy is not None and policy.required
-            if reused is not None:
-                try:
-                    conn.write(b"RSET\r\n")
-                    alive = conn.reply() == 250
-                except Dropped:
-                    alive = False
-                if not alive:
-                    raise Stale()
-                ext = reused
-            elif conn.reply() != 220:
-                return quit(b"ZConnected to ", b" but greeting failed")
-            else:
-                ext = hello()
-            if ext is None:
-                return quit(b"ZConnected to ", b" but my name was rejected")
-            if reused is not None:
-                pass                                # TLS, if any, is already up
-            elif b"STARTTLS" in ext and (use_tls or required):
-                from qmailpy.remote import tls
-                conn.write(b"STARTTLS\r\n")
-                if conn.reply() != 220:
-                    raise tls_failed(b"STARTTLS was refused", conn.said())
-                policy = policy or tls.Policy()
-                try:
-                    context = tls.context(policy)
-                except (OSError, ValueError) as e:      # the CA file (ssl.SSLError is an OSError)
-                    raise tls_failed(b"its CA file cannot be used: "
-                                     + str(e).encode("utf-8", "replace")) from None
-                try:
-                    conn.starttls(context, policy.names[0].decode("ascii") if policy.names else None)
-                except Deadline:
-                    raise
-                except Dropped as e:
-                    raise tls_failed(b"the TLS handshake failed: "
-                                     + str(e).encode("utf-8", "replace")) from None
-                if required and not tls.names_match(conn.sock.getpeercert(), policy.names):
-                    raise tls_failed(b"its certificate names none of "
-                                     + b", ".join(policy.names))
-                ext = hello()
-                if ext is None:
-                    return quit(b"ZConnected to ", b" but my name was rejected")
-            elif required:
-                raise tls_failed(b"it does not offer STARTTLS, which control/tlsdestinations "
-                                 b"requires")
-            mail_params = b""
-            utf8 = [r for r in recipients if not_ascii(r)]
-            if b"SMTPUTF8" in ext:
-                if utf8 or not_ascii(sender) or (message is not None and message.flagged):
-                    mail_params = b" SMTPUTF8"
-                utf8 = []
-            elif not_ascii(sender) or len(utf8) == len(recipients):
-                send_quit()
-                return b"D" + no_smtputf8(partner)
-            elif message is not None and message.needs_smtputf8:
-                send_quit()
-                return (b"DSorry, " + partner + b" does not support SMTPUTF8, which the message "
-                        b"needs: it came in with SMTPUTF8 and its header is not ASCII. (#5.6.7)\n")
-            # A UTF-8 recipient among ASCII ones (qmail-rspawn's workers put a message's
-            # recipients at one domain in one run) is refused alone; the others go.
-            conn.write(b"MAIL FROM:<" + sender + b">" + mail_params + b"\r\n")
-            code = conn.reply()
-            if code >= 500:
-                return quit(b"DConnected to ", b" but sender was rejected")
-            if code >= 400:
-                return quit(b"ZConnected to ", b" but sender was rejected")
-            bother = False
-            for recipient in recipients:
-                if utf8 and not_ascii(recipient):
-                    records.append(b"h" + no_smtputf8(partner))
-                    continue
-                conn.write(b"RCPT TO:<" + recipient + b">\r\n")
-                code = conn.reply()
-                if code >= 500:
-                    records.append(b"h" + partner + b" does not like recipient.\n" + conn.said())
-                elif code >= 400:
-                    records.append(b"s" + partner + b" does not like recipient.\n" + conn.said())
-                else:
-                    records.append(b"r")
-                    bother = True
-            if not bother:
-                send_quit()
-                return giving_up(partner, conn) + conn.said()
-            conn.write(b"DATA\r\n")
-            code = conn.reply()
-            if code >= 500:
-                return quit(b"D", b" failed on DATA command")
-            if code >= 400:
-                return quit(b"Z", b" failed on DATA command")
-            try:
-                pending = None
-                for piece in body_chunks(messfd, prefix=message.prefix if message else b""):
-                    if pending is not None:
-                        conn.write(pending)
-                    pending = piece
-            except PartialLine:
-                return b"DSMTP cannot transfer messages with partial final lines. (#5.6.2)\n"
-            except ReadError:
-                return READ_FAILED
-            conn.write((pending or b"") + b".\r\n")
-            # Only once the final dot is out can the peer have taken the message: a
-            # failure while the body is still going out cannot cause a duplicate.
-            critical[0] = True
-            code = conn.reply()
-            critical[0] = False
-            if code >= 500:
-                return quit(b"D", b" failed after I sent the message")
-            if code >= 400:
-                return quit(b"Z", b" failed after I sent the message")
-            if keep is None:
-                return quit(b"K", b" accepted message")
-            accepted = verdict(b"K", b" accepted message")
-            kept[0] = True
-            keep(conn, ext)
-            return accepted
-        except Deadline:
-            return outlasted()
-        except Dropped:
-            return dropped()
+        ext = _opening(session, reused, policy, use_tls)
+        mail_params = _mail_parameters(session, ext, sender, recipients, message)
+        conn.write(b"MAIL FROM:<" + sender + b">" + mail_params + b"\r\n")
+        session.end_on_refusal(conn.reply(), b"DConnected to ", b"ZConnected to ",
+                               b" but sender was rejected")
+        _recipients(session, recipients, b"SMTPUTF8" not in ext, records)
+        _data(session, messfd, message)
+        if keep is None:
+            return session.quit(b"K", b" accepted message")
+        accepted = session.verdict(b"K", b" accepted message")
+        kept = True
+        keep(conn, ext)
+        return accepted
+    except Ended as e:
+        return e.args[0]
+    except Deadline:
+        return session.outlasted()
+    except Dropped:
+        return session.dropped()
     finally:
-        if not kept[0]:
+        if not kept:
             conn.close()

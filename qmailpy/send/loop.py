@@ -179,81 +179,103 @@ class QmailSend:
         """Run until SIGTERM (exit code 0) or a lost helper (EXIT_LOST_HELPER)."""
         while not self.exitasap or not self.can_exit():
             self.now = now = int(time.time())
-            if self.runasap:
-                self.runasap = False
-                for ch in self.channels:
-                    ch.run_all_now(now)
-                self.backend.run_all_now()
-                # beyond qmail: also scan todo now, for entries whose preprocessing failed
-                self.nexttodorun = now
-            if self.readasap:
-                self.readasap = False
-                self.reread()
-            wakeup = now + SLEEP_FOREVER
-            rfds = [self.wake_r]
-            wfds = []
-            if self.cleaner.pending and not self.cleaner_lost:
-                rfds.append(self.cleaner.reply_fd)
-            for ch in self.channels:
-                if ch.alive:
-                    rfds.append(ch.reply_fd)
-                    if ch.outbuf:
-                        wfds.append(ch.cmd_fd)
-            if not self.exitasap:
-                try:
-                    for entry in self.backend.due(now):
-                        self._add_scheduled(entry)
-                except CleanerLost:
-                    self.cleandied()
-                backend_wakeup = self.backend.next_wakeup()
-                if backend_wakeup is not None:
-                    wakeup = min(wakeup, backend_wakeup)
-            wakeup = min(wakeup, self.pass_wakeup())
-            if not self.exitasap:
-                if self.trigger_fd is not None:
-                    rfds.append(self.trigger_fd)
-                wakeup = min(wakeup, 0 if self.todo else self.nexttodorun)
-                wakeup = min(wakeup, 0 if self.cleanup is not None else self.cleanuptime)
-                wakeup = min(wakeup, self.metrics.due())
-                desk_wakeup = self.desk.wakeup(now)
-                if desk_wakeup is not None:
-                    wakeup = min(wakeup, desk_wakeup)
-            timeout = 0 if wakeup <= now else wakeup - now + SLEEP_FUZZ
-            gate_wakeup = self.gate.next_wakeup()
-            if gate_wakeup is not None:
-                timeout = min(timeout, max(0.0, gate_wakeup - time.time()))
+            self._asap_do(now)
+            rfds, wfds = self._select_sets()
+            wakeup = self._wakeup(now)
+            if not self.exitasap and self.trigger_fd is not None:
+                rfds.append(self.trigger_fd)
             try:
-                readable, writable, _ = select.select(rfds, wfds, [], timeout)
+                readable, writable, _ = select.select(rfds, wfds, [], self._timeout(now, wakeup))
             except InterruptedError:
                 continue
             except (OSError, ValueError):
                 self.warn("trouble in select")
                 continue
             self.now = int(time.time())
-            if self.wake_r in readable:
-                self._drain_wake()
-            if self.cleaner.reply_fd in readable:
-                try:
-                    self.cleaner.poll()
-                except CleanerLost:
-                    self.cleandied()
-            self.comm_do(writable)
-            self.del_do(readable)
-            try:
-                self.backend.sync_results()     # the reports just recorded, in one fsync
-            except QueueError as e:
-                self.warn(str(e))
-            pulled = self.trigger_fd is not None and self.trigger_fd in readable
-            self.todo_do(pulled)
-            if not self.exitasap:
-                self.desk.do(pulled)
-            for p in self.gate.wake(self.now):
-                self.by_name[p.channel].schedule(self.now, p.n)
-            self.pass_do()
-            self.cleanup_do()
-            self.metrics_do()
+            self._work(readable, writable)
         self.finish()
         return EXIT_LOST_HELPER if self.helper_lost else 0
+
+    def _asap_do(self, now):
+        """What SIGALRM (run everything now) and SIGHUP (reread control) asked for."""
+        if self.runasap:
+            self.runasap = False
+            for ch in self.channels:
+                ch.run_all_now(now)
+            self.backend.run_all_now()
+            # beyond qmail: also scan todo now, for entries whose preprocessing failed
+            self.nexttodorun = now
+        if self.readasap:
+            self.readasap = False
+            self.reread()
+
+    def _select_sets(self):
+        """The descriptors to wait on, to read and to write (without the trigger)."""
+        rfds = [self.wake_r]
+        wfds = []
+        if self.cleaner.pending and not self.cleaner_lost:
+            rfds.append(self.cleaner.reply_fd)
+        for ch in self.channels:
+            if ch.alive:
+                rfds.append(ch.reply_fd)
+                if ch.outbuf:
+                    wfds.append(ch.cmd_fd)
+        return rfds, wfds
+
+    def _wakeup(self, now):
+        """The time the loop must wake by; the backend's due deliveries scheduled first."""
+        wakeup = now + SLEEP_FOREVER
+        if not self.exitasap:
+            try:
+                for entry in self.backend.due(now):
+                    self._add_scheduled(entry)
+            except CleanerLost:
+                self.cleandied()
+            backend_wakeup = self.backend.next_wakeup()
+            if backend_wakeup is not None:
+                wakeup = min(wakeup, backend_wakeup)
+        wakeup = min(wakeup, self.pass_wakeup())
+        if not self.exitasap:
+            wakeup = min(wakeup, 0 if self.todo else self.nexttodorun)
+            wakeup = min(wakeup, 0 if self.cleanup is not None else self.cleanuptime)
+            wakeup = min(wakeup, self.metrics.due())
+            desk_wakeup = self.desk.wakeup(now)
+            if desk_wakeup is not None:
+                wakeup = min(wakeup, desk_wakeup)
+        return wakeup
+
+    def _timeout(self, now, wakeup):
+        """select's timeout: until wakeup (and a second), or the throttle's next opening."""
+        timeout = 0 if wakeup <= now else wakeup - now + SLEEP_FUZZ
+        gate_wakeup = self.gate.next_wakeup()
+        if gate_wakeup is not None:
+            timeout = min(timeout, max(0.0, gate_wakeup - time.time()))
+        return timeout
+
+    def _work(self, readable, writable):
+        """One pass over what select found ready, and the work that is due."""
+        if self.wake_r in readable:
+            self._drain_wake()
+        if self.cleaner.reply_fd in readable:
+            try:
+                self.cleaner.poll()
+            except CleanerLost:
+                self.cleandied()
+        self.comm_do(writable)
+        self.del_do(readable)
+        try:
+            self.backend.sync_results()     # the reports just recorded, in one fsync
+        except QueueError as e:
+            self.warn(str(e))
+        pulled = self.trigger_fd is not None and self.trigger_fd in readable
+        self.todo_do(pulled)
+        if not self.exitasap:
+            self.desk.do(pulled)
+        for p in self.gate.wake(self.now):
+            self.by_name[p.channel].schedule(self.now, p.n)
+        self.pass_do()
+        self.cleanup_do()
+        self.metrics_do()
 
     def _drain_wake(self):
         try:
