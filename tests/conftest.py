@@ -98,6 +98,14 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: left out of bin/test --quick (docs/testing.md \"Two tiers\")")
 
 
+def pytest_collection_modifyitems(items):
+    # A Spark session takes tens of seconds to start: a test that asks for one (its
+    # fixture is named spark) is slow whether or not its module says so.
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_generate_tests(metafunc):
     if "queue_backend" not in metafunc.fixturenames:
         return
