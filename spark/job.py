@@ -16,6 +16,7 @@ from qmailpy.ctl.daemons import SEND_LOG
 from qmailpy.ctl.logwriter import log_set
 from qmailpy.states import DEFAULT_QUEUELIFETIME
 from spark import inputs as inputs_mod
+from spark import fleet as fleet_mod
 from spark import logparse, messages, segments, snapshots, summaries, report
 
 EXAMPLES_PER_KIND = 20
@@ -23,8 +24,11 @@ EXAMPLES_PER_KIND = 20
 
 class Options:
     def __init__(self, host_map=(), queuelifetime=DEFAULT_QUEUELIFETIME, lifetime_slack=3600.0,
-                 write_parquet=True, home_snapshot_dir=None):
+                 write_parquet=True, home_snapshot_dir=None, fleet_map=None,
+                 skew=fleet_mod.DEFAULT_SKEW):
         self.host_map = list(host_map)
+        self.fleet_map = fleet_map        # {address: host} from --fleet MAP, or None
+        self.skew = skew
         self.queuelifetime = queuelifetime
         self.lifetime_slack = lifetime_slack
         self.write_parquet = write_parquet
@@ -366,6 +370,11 @@ def audit(spark, specs, out_dir, opts=None):
     table = spark.createDataFrame(spread, combined).persist(StorageLevel.MEMORY_AND_DISK)
     frames = {tag: table.filter(table["tag"] == tag).select(tag + ".*") for tag in tags}
     os.makedirs(out_dir, exist_ok=True)
+    fleet = None
+    if opts.fleet_map is not None:
+        fleet = _fleet(spark, frames, opts, set(spans), set(snapshot_hosts))
+        frames["f"] = frames["f"].unionByName(
+            spark.createDataFrame(fleet.findings, SCHEMAS["f"]))
     if opts.write_parquet:
         names = {"occ": "messages", "tr": "transitions", "m": "qmailanalog_m",
                  "d": "deliveries", "f": "findings"}
@@ -383,6 +392,12 @@ def audit(spark, specs, out_dir, opts=None):
     bad_list = _bad_summary(bad)
     summary["bad_input"] = bad_list
     summary["warnings"] = host_warnings(set(spans), set(snapshot_hosts))
+    if fleet is not None:
+        summary["fleet"] = fleet.summary()
+        summary["warnings"] += fleet_warnings(fleet, set(spans) | set(snapshot_hosts))
+        if opts.write_parquet:
+            spark.createDataFrame(fleet.journeys, JOURNEY_SCHEMA).write.mode("overwrite") \
+                .parquet(_uri(out_dir, "journeys.parquet"))
     findings_by_kind = summary["findings"]["by_kind"]
     violations = summary["findings"]["violations"]
     if opts.write_parquet:
@@ -399,6 +414,38 @@ def audit(spark, specs, out_dir, opts=None):
         rdd.unpersist()
     table.unpersist()
     return AuditResult(summary, findings_by_kind, violations, bad_list, out_dir)
+
+
+JOURNEY_SCHEMA = T.StructType([
+    T.StructField("origin_host", _S), T.StructField("origin_n", _L),
+    T.StructField("origin_birth", _D), T.StructField("route", _S),
+    T.StructField("hop_count", _L),
+    T.StructField("hops", T.ArrayType(T.StructType([
+        T.StructField("host", _S), T.StructField("n", _L), T.StructField("queued", _D),
+        T.StructField("left", _D)]))),
+    T.StructField("ended", _S), T.StructField("ended_where", T.ArrayType(_S)),
+    T.StructField("end_to_end", _D), T.StructField("loop", _B), T.StructField("lost", _B),
+])
+
+
+def _fleet(spark, frames, opts, log_hosts, snapshot_hosts):
+    """The fleet linked on the driver from the messages and their deliveries."""
+    occ_rows = frames["occ"].select("host", "n", "birth", "bytes", "sender", "qp", "end_time",
+                                    "ended", "bounced").collect()
+    d = frames["d"]
+    delivery_rows = d.filter((d["result"] == "k") | (d["channel"] == "remote")) \
+        .select("host", "n", "occ_birth", "result", "channel", "recipient", "dstart", "ddone",
+                "reason").collect()
+    return fleet_mod.Fleet(opts.fleet_map, occ_rows, delivery_rows, snapshot_hosts, log_hosts,
+                           opts.skew)
+
+
+def fleet_warnings(fleet, input_hosts):
+    out = ["host %s of the fleet map has no input: hand-offs to it are not judged" % h
+           for h in sorted(fleet.fleet_hosts - input_hosts)]
+    out += ["host %s has inputs but is not in the fleet map: nothing is handed to it by "
+            "address" % h for h in sorted(input_hosts - fleet.fleet_hosts)]
+    return out
 
 
 def host_warnings(log_hosts, snapshot_hosts):

@@ -201,6 +201,8 @@ def render(summary, plots):
                   "delivered them again from the last readable one, so a recipient may have "
                   "got a copy twice.</p>",
                   _table(f["restored"], ["host", "n", "time", "detail"], len(f["restored"]))]
+    if summary.get("fleet"):
+        parts += fleet_section(summary["fleet"])
     parts += [
         "<h2>Messages</h2>",
         _kv([("messages (new msg occurrences)", m["messages"]), ("message numbers", m["numbers"]),
@@ -239,3 +241,33 @@ def render(summary, plots):
         "</body></html>\n",
     ]
     return "".join(parts)
+
+
+def fleet_section(fl):
+    """Journeys across the fleet (spark/fleet.py): counts, clock skew per pair of hosts,
+    end-to-end latency per route."""
+    routes = [r for r in fl["latency_by_route"] if r["ended"]]
+    chart = bar_chart("End-to-end latency by route (seconds)", [r["route"] for r in routes],
+                      [[r["p50"] for r in routes], [r["p90"] for r in routes]], ["p50", "p90"],
+                      "route", "seconds") if routes else ""
+    return [
+        "<h2>Fleet: journeys across hosts</h2>",
+        _kv([("hosts", ", ".join(fl["hosts"])), ("journeys", fl["journeys"]),
+             ("journeys across hosts", fl["across_hosts"]), ("hand-offs", fl["handoffs"]),
+             ("hand-offs linked", fl["linked"]), ("hand-offs with several candidates",
+                                                  fl["ambiguous"]),
+             ("hand-offs to hosts without input", fl["unjudged"]),
+             ("clock skew tolerated (s)", fl["skew_tolerance"])]),
+        "<h3>Where journeys ended</h3>",
+        _kv(sorted(fl["by_end"].items())) if fl["by_end"] else "<p>none</p>",
+        "<h3>Clock skew observed per pair of hosts</h3>",
+        "<p>The peer's <code>new msg</code> time minus the sender's <code>delivery</code> "
+        "time, over linked hand-offs, in seconds.</p>",
+        _table(fl["skew"], ["src", "dst", "links", "median", "min", "max"]),
+        "<h3>Latency by route (seconds)</h3>",
+        '<div class="plots">%s</div>' % chart,
+        "<p>End to end: from the first host's <code>new msg</code> to the last delivery or "
+        "bounce, over the journeys that ended (not queued, not lost).</p>",
+        _table(fl["latency_by_route"], ["route", "journeys", "ended", "p50", "p90", "p99",
+                                         "max"]),
+    ]

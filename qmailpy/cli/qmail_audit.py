@@ -8,6 +8,7 @@ import os
 import sys
 
 from qmailpy.states import DEFAULT_QUEUELIFETIME
+from spark.fleet import DEFAULT_SKEW, read_map
 
 
 def _parser():
@@ -25,6 +26,12 @@ def _parser():
     p.add_argument("--lifetime-slack", type=float, default=3600.0, metavar="SECONDS",
                    help="grace after the last scheduled attempt before a message counts as "
                         "past its lifetime (default 3600)")
+    p.add_argument("--fleet", default=None, metavar="MAP",
+                   help="link hand-offs between the hosts MAP names (lines `name address...`) "
+                        "into journeys")
+    p.add_argument("--skew", type=float, default=DEFAULT_SKEW, metavar="SECONDS",
+                   help="with --fleet: how far two hosts' clocks may differ (default %d)"
+                        % DEFAULT_SKEW)
     p.add_argument("--no-parquet", action="store_true", help="skip the Parquet outputs")
     p.add_argument("--driver-memory", default="4g", metavar="SIZE",
                    help="heap of the Spark driver, which does all the work in local mode "
@@ -62,6 +69,9 @@ def main(argv=None, use_existing_master=False):
     try:
         from spark.inputs import parse_host_map
         host_map = parse_host_map(args.host)
+        fleet_map = None
+        if args.fleet is not None:
+            fleet_map = read_map(args.fleet)
     except ValueError as e:
         print("qmail-audit: %s" % e, file=sys.stderr)
         return 2
@@ -77,7 +87,8 @@ def main(argv=None, use_existing_master=False):
         spark = session(master, driver_memory=args.driver_memory)
         opts = job.Options(host_map=host_map, queuelifetime=args.queuelifetime,
                            lifetime_slack=args.lifetime_slack,
-                           write_parquet=not args.no_parquet)
+                           write_parquet=not args.no_parquet, fleet_map=fleet_map,
+                           skew=args.skew)
         result = job.audit(spark, args.inputs, args.out, opts)
     except Exception as e:          # Py4J/Spark errors arrive as many exception types
         text = str(e).strip().splitlines()

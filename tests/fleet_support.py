@@ -1,0 +1,100 @@
+"""A fleet of qmailpy homes on this machine for the fleet audit's tests (tests/test_audit_fleet.py):
+each home made by `qmailctl init`, its SMTP listener on its own loopback address 127.0.1.x,
+mail between them routed by control/smtproutes.
+"""
+import datetime
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+
+from conftest import make_home
+from ctl_support import ctl
+from qmailpy.ctl.daemons import SEND_LOG
+
+TIMEOUT = 60
+
+
+def free_port(address):
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+class FleetHost:
+    """A home named `name` whose qmail-smtpd listens on address:port (once started)."""
+
+    def __init__(self, name, address):
+        self.name, self.address = name, address
+        self.base = traversable_base_dir()
+        self.home = make_home(self.base)
+        self.port = free_port(address)
+        self.log = os.path.join(self.home.path, "log", SEND_LOG)
+
+    def routes(self, text):
+        self.home.control("smtproutes", text)
+
+    def accept_for(self, *domains):
+        self.home.control("rcpthosts", "".join(d + "\n" for d in ("test.example",) + domains))
+
+    def start(self, smtp=True):
+        args = ["start"] + (["--smtp", "%s:%d" % (self.address, self.port)] if smtp else [])
+        done = ctl(self.home, *args)
+        assert done.returncode == 0, done.stderr
+
+    def stop(self):
+        done = ctl(self.home, "stop")
+        assert done.returncode == 0, done.stderr
+        wait_for(lambda: "status: exiting" in self.log_text())
+
+    def log_text(self):
+        try:
+            with open(self.log, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def remove(self):
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def traversable_base_dir():
+    base = tempfile.mkdtemp(prefix="qmailpy-fleet-")
+    os.chmod(base, 0o755)
+    return base
+
+
+def wait_for(predicate, timeout=TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def remove_queued(home):
+    """Every message file below HOME/queue, removed behind qmail-send's back; the paths."""
+    gone = []
+    for sub in ("mess", "todo", "intd", "info", "local", "remote", "bounce"):
+        for dirpath, _dirs, files in os.walk(os.path.join(home.queue, sub)):
+            for name in files:
+                if name.isdigit():
+                    os.unlink(os.path.join(dirpath, name))
+                    gone.append(os.path.join(dirpath, name))
+    return gone
+
+
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6})Z")
+
+
+def shifted_log(src, dst, seconds):
+    """A copy of qmail-send's stamped log with every time moved by `seconds`."""
+    def shift(m):
+        t = datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f")
+        return (t + datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    with open(src, encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as out:
+        for line in f:
+            new, count = _STAMP.subn(shift, line)
+            assert count == 1, line
+            out.write(new)

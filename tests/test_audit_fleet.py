@@ -1,0 +1,220 @@
+"""qmail-audit --fleet (issue 26 points 1 and 2): hand-offs between qmailpy homes linked into
+journeys, and what only the fleet view catches (docs/architecture.md "The audit", qmail-audit(8)).
+
+The end-to-end tests run a fleet of real homes (tests/fleet_support.py), each SMTP listener on its
+own 127.0.1.x address, mail through smtproutes, and audit their logs and queues in one Spark
+session for the module. The linking rule's corner cases (several candidates, a duplicate from a
+deferred attempt, a loop, a journey ending nowhere) are checked on rows, without Spark.
+"""
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import VENV_BIN
+from ctl_support import ctl
+from fleet_support import FleetHost, free_port, remove_queued, shifted_log, wait_for
+from smtpd_support import ListenerProcess
+from spark import fleet
+
+COUNT = 3
+MSG = b"Subject: fleet %d\n\nhello\n"
+
+
+# --- the linking rule on rows -------------------------------------------------------------
+
+def _occ(host, n, birth, qp, size=100, sender="a@x.example", ended=True, bounced=0):
+    return {"host": host, "n": n, "birth": birth, "bytes": size, "sender": sender, "qp": qp,
+            "end_time": birth + 5 if ended else None, "ended": ended, "bounced": bounced}
+
+
+def _dl(host, n, birth, start, done, result="k", channel="remote", reason=None, rcpt="r@far"):
+    return {"host": host, "n": n, "occ_birth": birth, "result": result, "channel": channel,
+            "recipient": rcpt, "dstart": start, "ddone": done, "reason": reason}
+
+
+def _said(address, qp, when=1795000000):
+    return "%s_accepted_message./Remote_host_said:_250_ok_%d_qp_%d/" % (address, when, qp)
+
+
+MAP = {"10.0.0.1": "a", "10.0.0.2": "b"}
+
+
+def test_handoff_reads_qmail_remote_success_text():
+    assert fleet.handoff(_said("127.0.1.2", 4242)) == ("127.0.1.2", 1795000000, 4242)
+    assert fleet.handoff("did_0+0+1/") is None
+
+
+def test_map_naming_an_address_twice_is_an_error():
+    with pytest.raises(fleet.MapError, match=r"MAP:3: address 10.0.0.2 named twice \(hosts b and c\)"):
+        fleet.parse_map(["a 10.0.0.1", "b 10.0.0.2 # hub", "c 10.0.0.3 10.0.0.2"])
+    assert fleet.parse_map(["# fleet", "", "a 10.0.0.1 ::1"]) == {"10.0.0.1": "a", "::1": "a"}
+
+
+def test_same_qp_twice_links_nearest_in_time_and_counts_ambiguity():
+    """One worker (qp 7) queued both of b's messages: each hand-off gets the one nearest
+    to its 250, none is merged, both are counted as having had two candidates."""
+    occs = [_occ("a", 1, 0.0, 1), _occ("a", 2, 10.0, 1),
+            _occ("b", 11, 1.0, 7, size=150), _occ("b", 12, 11.0, 7, size=150)]
+    dls = [_dl("a", 1, 0.0, 0.5, 1.5, reason=_said("10.0.0.2", 7)),
+           _dl("a", 2, 10.0, 10.5, 11.5, reason=_said("10.0.0.2", 7)),
+           _dl("b", 11, 1.0, 2, 3, channel="local"), _dl("b", 12, 11.0, 12, 13, channel="local")]
+    f = fleet.Fleet(MAP, occs, dls, {"a", "b"}, {"a", "b"})
+    routes = {(j["origin_n"], tuple(h["n"] for h in j["hops"])) for j in f.journeys}
+    assert routes == {(1, (1, 11)), (2, (2, 12))}
+    assert f.ambiguous == 2 and f.findings == []
+    assert all(j["ended"] == "delivered" for j in f.journeys)
+
+
+def test_copy_queued_during_a_deferred_attempt_is_a_duplicate_not_a_hop():
+    occs = [_occ("a", 1, 0.0, 1), _occ("b", 11, 1.0, 7, size=120),
+            _occ("b", 12, 60.0, 8, size=120)]
+    dls = [_dl("a", 1, 0.0, 0.5, 30.0, result="z", reason="Connection_died./"),
+           _dl("a", 1, 0.0, 59.5, 60.5, reason=_said("10.0.0.2", 8)),
+           _dl("b", 11, 1.0, 2, 3, channel="local"), _dl("b", 12, 60.0, 61, 62, channel="local")]
+    f = fleet.Fleet(MAP, occs, dls, {"a", "b"}, {"a", "b"})
+    assert [(x[0], x[1], x[3], x[4]) for x in f.findings] == \
+        [("b", 11, "duplicate-across-hosts", "notice")]
+    assert "message 11 and message 12" in f.findings[0][6]
+    assert len(f.journeys) == 1 and f.journeys[0]["route"] == "a>b"
+
+
+def test_loop_and_journey_ending_nowhere():
+    occs = [_occ("a", 1, 0.0, 1), _occ("b", 11, 1.0, 7), _occ("a", 2, 2.0, 9)]
+    dls = [_dl("a", 1, 0.0, 0.5, 1.5, reason=_said("10.0.0.2", 7)),
+           _dl("b", 11, 1.0, 1.5, 2.5, reason=_said("10.0.0.1", 9))]
+    f = fleet.Fleet(MAP, occs, dls, {"a", "b"}, {"a", "b"})
+    kinds = sorted(x[3] for x in f.findings)
+    assert kinds == ["loop", "vanished-in-fleet"]
+    assert f.journeys[0]["route"] == "a>b>a" and f.journeys[0]["loop"]
+
+
+def test_command_refuses_a_map_naming_an_address_twice(tmp_path):
+    bad = tmp_path / "fleet.map"
+    bad.write_text("mx 127.0.1.2\nhub 127.0.1.3 127.0.1.2\n")
+    done = subprocess.run([os.path.join(VENV_BIN, "qmail-audit"), "--fleet", str(bad), "--out", str(tmp_path / "out"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "fleet.map:2: address 127.0.1.2 named twice (hosts mx and hub)" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# --- a real fleet ----------------------------------------------------------------------------
+
+pyspark = pytest.importorskip("pyspark")
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from qmailpy.cli.qmail_audit import session
+    s = session("local[2]", "qmail-audit-fleet-tests")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def real_fleet():
+    """relay (127.0.1.1) -> mx (127.0.1.2) -> hub (127.0.1.3), COUNT messages for far.example,
+    which the hub defers (its route leads nowhere): still queued there. And one message the
+    relay hands to gone (127.0.1.4), whose queue loses it behind qmail-send's back after its
+    250 (qmail-send was not running)."""
+    hosts = [FleetHost("relay", "127.0.1.1"), FleetHost("mx", "127.0.1.2"),
+             FleetHost("hub", "127.0.1.3"), FleetHost("gone", "127.0.1.4")]
+    relay, mx, hub, gone = hosts
+    try:
+        hub.accept_for("far.example")
+        hub.routes("far.example:127.0.0.1:%d\n" % free_port("127.0.0.1"))
+        mx.accept_for("far.example")
+        mx.routes("far.example:[127.0.1.3]:%d\n" % hub.port)
+        gone.accept_for("lost.example")
+        gone.start(smtp=False)          # a log of its own, then down
+        gone.stop()
+        for h in (hub, mx, relay):
+            h.start()
+        with ListenerProcess(gone.home, address=gone.address) as listener:
+            relay.routes("far.example:[127.0.1.2]:%d\nlost.example:[127.0.1.4]:%d\n"
+                         % (mx.port, listener.port))
+            for i in range(COUNT):
+                done = relay.home.queue_message(MSG % i, b"a@test.example",
+                                                [b"r%d@far.example" % i])
+                assert done.returncode == 0, done.stderr
+            done = relay.home.queue_message(MSG % 99, b"a@test.example", [b"x@lost.example"])
+            assert done.returncode == 0, done.stderr
+            wait_for(lambda: "success: 127.0.1.4_accepted_message." in relay.log_text())
+            assert remove_queued(gone.home)
+        wait_for(lambda: hub.log_text().count(": deferral: ") >= COUNT)
+        for h in (relay, mx, hub):
+            h.stop()
+        yield hosts
+    finally:
+        for h in hosts:
+            ctl(h.home, "stop")         # whatever an assertion left running
+            h.remove()
+
+
+def _fleet_audit(spark, inputs, host_map, out, skew=fleet.DEFAULT_SKEW):
+    from spark import job
+    addresses = {"127.0.1.1": "relay", "127.0.1.2": "mx", "127.0.1.3": "hub", "127.0.1.4": "gone"}
+    opts = job.Options(host_map=[(os.path.abspath(p), n) for p, n in host_map],
+                       fleet_map=addresses, skew=skew)
+    return job.audit(spark, inputs, str(out), opts)
+
+
+def _journeys(spark, out):
+    return [r.asDict(recursive=True) for r in
+            spark.read.parquet(str(out / "journeys.parquet")).collect()]
+
+
+def test_fleet_links_every_journey_and_finds_the_lost_hand_off(spark, real_fleet, tmp_path):
+    homes = [h.home.path for h in real_fleet]
+    result = _fleet_audit(spark, homes, [(h.home.path, h.name) for h in real_fleet],
+                          tmp_path / "out")
+    assert result.bad_inputs == []
+    fl = result.summary["fleet"]
+    journeys = _journeys(spark, tmp_path / "out")
+    through = [j for j in journeys if j["route"] == "relay>mx>hub"]
+    assert len(through) == COUNT, journeys
+    for j in through:
+        assert [h["host"] for h in j["hops"]] == ["relay", "mx", "hub"]
+        assert j["ended"] == "queued" and j["ended_where"] == ["queued at hub"]
+        assert j["hops"][0]["left"] is not None and j["hops"][2]["left"] is None
+    assert fl["handoffs"] == 2 * COUNT + 1 and fl["linked"] == 2 * COUNT
+    assert result.findings_by_kind["lost-between-hosts"] == 1
+    lost = [f for f in result.summary["findings"]["violation_examples"]
+            if f["kind"] == "lost-between-hosts"]
+    assert lost[0]["host"] == "relay" and "gone never queued it" in lost[0]["detail"]
+    assert [j["ended"] for j in journeys if j["route"] == "relay"] == ["lost"]
+    assert result.exit_code == 1
+    pairs = {(s["src"], s["dst"]): s for s in fl["skew"]}
+    assert set(pairs) == {("relay", "mx"), ("mx", "hub")}
+    assert all(abs(s["median"]) < 5 for s in pairs.values())
+    with open(tmp_path / "out" / "summaries.json") as f:
+        assert json.load(f)["fleet"]["journeys"] == len(journeys)
+    with open(tmp_path / "out" / "report.html", encoding="utf-8") as f:
+        html = f.read()
+    assert "Fleet: journeys across hosts" in html and "relay&gt;mx&gt;hub" in html
+
+
+def test_hub_log_four_minutes_behind_still_links_and_its_skew_is_reported(spark, real_fleet,
+                                                                          tmp_path):
+    from qmailpy import snapshot_format
+    relay, mx, hub, _gone = real_fleet
+    copy = tmp_path / "hub"
+    copy.mkdir()
+    shifted_log(hub.log, copy / "qmail-send.log", -240)
+    with open(copy / "queue.snapshot", "w", encoding="utf-8") as out:
+        snapshot_format.write(snapshot_format.walk(hub.home.path, host="hub"), out)
+    inputs = [relay.home.path, mx.home.path, str(copy)]
+    host_map = [(relay.home.path, "relay"), (mx.home.path, "mx"), (str(copy), "hub")]
+    result = _fleet_audit(spark, inputs, host_map, tmp_path / "out")
+    fl = result.summary["fleet"]
+    assert fl["linked"] == 2 * COUNT and fl["unjudged"] == 1        # gone: no input
+    skew = {(s["src"], s["dst"]): s for s in fl["skew"]}[("mx", "hub")]
+    assert -245 < skew["median"] < -235, skew
+    assert "lost-between-hosts" not in result.findings_by_kind
+    journeys = _journeys(spark, tmp_path / "out")
+    assert sum(j["route"] == "relay>mx>hub" for j in journeys) == COUNT
+    # with a tolerance under the skew the same hand-offs are not linked: lost
+    tight = _fleet_audit(spark, inputs, host_map, tmp_path / "tight", skew=60)
+    assert tight.findings_by_kind["lost-between-hosts"] == COUNT
