@@ -102,11 +102,9 @@ def test_command_refuses_a_map_naming_an_address_twice(tmp_path):
 
 # --- a real fleet ----------------------------------------------------------------------------
 
-pyspark = pytest.importorskip("pyspark")
-
-
 @pytest.fixture(scope="module")
 def spark():
+    pytest.importorskip("pyspark")
     from qmailpy.cli.qmail_audit import session
     s = session("local[2]", "qmail-audit-fleet-tests")
     yield s
@@ -166,6 +164,7 @@ def _journeys(spark, out):
             spark.read.parquet(str(out / "journeys.parquet")).collect()]
 
 
+@pytest.mark.slow
 def test_fleet_links_every_journey_and_finds_the_lost_hand_off(spark, real_fleet, tmp_path):
     homes = [h.home.path for h in real_fleet]
     result = _fleet_audit(spark, homes, [(h.home.path, h.name) for h in real_fleet],
@@ -196,6 +195,7 @@ def test_fleet_links_every_journey_and_finds_the_lost_hand_off(spark, real_fleet
     assert "Fleet: journeys across hosts" in html and "relay&gt;mx&gt;hub" in html
 
 
+@pytest.mark.slow
 def test_hub_log_four_minutes_behind_still_links_and_its_skew_is_reported(spark, real_fleet,
                                                                           tmp_path):
     from qmailpy import snapshot_format
