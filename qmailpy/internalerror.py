@@ -2,9 +2,16 @@
 
 An exception a program does not foresee is a bug of qmailpy's, never a mail-system
 condition: the report names it ("internal error in qmail-remote: TypeError: ...", a
-deferral, so the mail stays queued while the bug is fixed) and the traceback is written,
-each line prefixed with the program's name, where the administrator looks: qmail-send's
-log (the daemons' stderr, qmailpy.send.start) or the program's stderr.
+deferral, so the mail stays queued while the bug is fixed) and the traceback is written
+where the administrator looks: qmail-send's log (the daemons' stderr, qmailpy.send.start)
+or the program's stderr.
+
+The traceback's text can hold what a hostile peer or sender chose (an address, a reply in
+an exception's message), and in qmail-send's log it sits between lines the audit parses
+(qmailpy.logline). So every line written here is 'PROGRAM: internal error: ...' or
+'PROGRAM: | ...': printable ASCII only (anything else as its Python escape, \\x0b,
+\\u2028), at most LINE_MAX bytes, never cut in the middle, and the '| ' keeps the rest of
+the line from reading as a journald 'HOST IDENT: ' prefix followed by a qmail line.
 
 traceback is imported only here and only when a bug happened: per-message programs
 import this module and must stay fast to start.
@@ -13,6 +20,7 @@ import os
 
 PIPE_BUF = 4096             # a write to a pipe up to this size is not interleaved with others
 SUMMARY_MAX = 300
+LINE_MAX = 1000             # of one traceback line: each write holds whole lines
 
 
 def summary(program, exc):
@@ -21,18 +29,38 @@ def summary(program, exc):
 
 
 def _named(exc):
-    said = " ".join(str(exc).split())
-    text = type(exc).__name__ + (": " + said if said else "")
-    return text.encode("utf-8", "backslashreplace")[:SUMMARY_MAX]
+    try:
+        said = " ".join(str(exc).split())
+    except Exception:           # a broken __str__ must not hide the first bug
+        said = "<str() failed>"
+    return printable(type(exc).__name__ + (": " + said if said else ""))[:SUMMARY_MAX]
+
+
+def printable(text):
+    """text as printable ASCII bytes: any other character as its Python escape."""
+    return "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in text).encode("ascii")
 
 
 def trace(program, exc):
-    """The traceback as lines prefixed 'PROGRAM: ', after 'PROGRAM: internal error: TYPE: ...'."""
+    """'PROGRAM: internal error: TYPE: ...', then the traceback as 'PROGRAM: | ...' lines."""
     import traceback
-    lines = [b"internal error: " + _named(exc)]
-    for chunk in traceback.format_exception(exc):
-        lines += chunk.encode("utf-8", "backslashreplace").splitlines()
-    return b"".join(program.encode() + b": " + line + b"\n" for line in lines)
+    head = program.encode() + b": "
+    lines = [head + b"internal error: " + _named(exc)]
+    for line in "".join(traceback.format_exception(exc)).split("\n"):
+        if line:
+            lines.append(head + b"| " + printable(line)[:LINE_MAX])
+    return b"".join(line + b"\n" for line in lines)
+
+
+def tail(text, limit):
+    """trace()'s text within limit bytes: its first line and as many whole lines of its
+    end as fit (the end of a traceback says most)."""
+    if len(text) <= limit:
+        return text
+    first = text[:text.find(b"\n") + 1]
+    rest = text[len(first):]
+    room = max(0, limit - len(first))
+    return first + rest[rest.find(b"\n", len(rest) - room - 1) + 1:]
 
 
 def write(fd, text):

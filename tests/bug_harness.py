@@ -5,8 +5,9 @@ write_buggy_programs(home, *programs) writes DIR/PROGRAM for the programs named,
 qmail-rspawn, qmail-lspawn, qmail-send, qmail-smtpd, qmail-queue and qmail-qmqpd: each
 runs the real program's main() after wrapping one internal function
 of qmailpy to raise TypeError("planted bug") when one of its arguments holds the
-marker (an address like bugged@...). qmail-start finds its programs through PATH, so
-with DIR first on PATH the daemons it starts are these. Nothing in qmailpy knows of
+marker (an address like bugged@...), or TypeError("planted bug for ARGUMENT") when it
+holds ECHO: a bug whose message carries what a sender chose, as many do. qmail-start
+finds its programs through PATH, so with DIR first on PATH the daemons it starts are these. Nothing in qmailpy knows of
 this: the function is replaced from outside, as a bug would be in it.
 """
 import os
@@ -15,6 +16,7 @@ import sys
 from send_harness import shared_dir
 
 MARKER = b"bugged"
+ECHO = b"bugged-echo"
 TEXT = "planted bug"
 
 # program -> (module, function wrapped, the program's main module)
@@ -34,6 +36,9 @@ def plant():
     module = importlib.import_module(%(module)r)
     real = getattr(module, %(name)r)
     def planted(*args, **kwargs):
+        for a in args:
+            if isinstance(a, (bytes, bytearray)) and %(echo)r in a:
+                raise TypeError(%(text)r + " for " + bytes(a).decode("utf-8", "surrogateescape"))
         if any(isinstance(a, (bytes, bytearray)) and %(marker)r in a for a in args):
             raise TypeError(%(text)r)
         return real(*args, **kwargs)
@@ -55,7 +60,8 @@ def write_buggy_programs(home, *programs):
         path = os.path.join(bindir, program)
         with open(path, "w") as f:
             f.write(PROGRAM % {"python": sys.executable, "path": [source_dir], "module": module,
-                               "name": name, "main": main, "marker": MARKER, "text": TEXT})
+                               "name": name, "main": main, "marker": MARKER, "echo": ECHO,
+                               "text": TEXT})
         os.chmod(path, 0o755)
     return bindir
 

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from bug_harness import TEXT, buggy_env, write_buggy_programs
+from bug_harness import ECHO, TEXT, buggy_env, write_buggy_programs
+from qmailpy import logline
 from qmqpd_harness import QmqpServer, ask, request
 from smtpd_support import SmtpdProcess
 from send_harness import Daemons
@@ -34,10 +35,10 @@ def traceback_of(program, lines, source):
     (one in qmailpy's source file named), the exception last."""
     mine = [line for line in lines if line.startswith(program + ": ")]
     assert program + ": internal error: TypeError: " + TEXT in mine, lines
-    assert program + ": Traceback (most recent call last):" in mine, lines
-    assert any(re.match(r'%s:   File ".*/qmailpy/%s", line \d+, in ' % (program, source), line)
+    assert program + ": | Traceback (most recent call last):" in mine, lines
+    assert any(re.match(r'%s: \|   File ".*/qmailpy/%s", line \d+, in ' % (program, source), line)
                for line in mine), mine
-    assert program + ": TypeError: " + TEXT in mine, mine
+    assert program + ": | TypeError: " + TEXT in mine, mine
     return mine
 
 
@@ -56,7 +57,7 @@ def test_a_bug_in_qmail_remote_defers_and_its_traceback_is_in_qmail_sends_log(
     buggy_daemons.start().wait_started()
     assert qmail_home.queue_message(MSG, b"joe@test.example", [b"bugged@remote.example"]).returncode == 0
     deferral_of(buggy_daemons, "qmail-remote")
-    lines = buggy_daemons.wait_line(r"^qmail-remote: TypeError: ")
+    lines = buggy_daemons.wait_line(r"^qmail-remote: \| TypeError: ")
     traceback_of("qmail-remote", lines, "remote/deliver.py")
     assert not [line for line in lines if line.startswith(("bounce msg", "end msg"))]
     assert queued_count(qmail_home) == 1
@@ -70,10 +71,62 @@ def test_a_bug_in_qmail_local_defers_and_its_traceback_is_in_qmail_sends_log(
     buggy_daemons.start().wait_started()
     assert qmail_home.queue_message(MSG, b"joe@test.example", [b"bugged@test.example"]).returncode == 0
     deferral_of(buggy_daemons, "qmail-local")
-    lines = buggy_daemons.wait_line(r"^qmail-local: TypeError: ")
+    lines = buggy_daemons.wait_line(r"^qmail-local: \| TypeError: ")
     traceback_of("qmail-local", lines, "local/deliver.py")
     assert not [line for line in lines if line.startswith(("bounce msg", "end msg"))]
     assert queued_count(qmail_home) == 1
+
+
+# qmailctl start's log writer puts this before each line; logline.parse (the audit's parser)
+# then also tries the rest as journald's 'HOST IDENT: ' followed by a qmail line
+STAMP = "2026-11-27T06:00:00.000000Z "
+FORGED = b"delivery 99: success: did_1+0+0/"
+
+
+def forged_results(lines):
+    """The delivery results in lines that qmail-send did not write (it wrote one deferral)."""
+    results = [e for e in (logline.parse(STAMP + line) for line in lines) if e.kind == "delivery"]
+    return [e.text for e in results if e.fields["result"] != "deferral"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("buggy_daemons", ["qmail-lspawn"], indirect=True)
+@pytest.mark.parametrize("hostile", [
+    b"\nx: " + FORGED,                              # a line of its own, read as journald's
+    b"\x0b\x1c\xc2\x85" + FORGED,                   # separators of str.splitlines
+], ids=["newline", "separators"])
+def test_a_traceback_quoting_a_hostile_address_forges_no_log_line(
+        qmail_home, users, buggy_daemons, hostile):
+    users.add("bugged-", wildcard=True)
+    buggy_daemons.start().wait_started()
+    recipient = ECHO + hostile + b"@test.example"
+    assert qmail_home.queue_message(MSG, b"joe@test.example", [recipient]).returncode == 0
+    # qmail-lspawn writes the traceback before its report, so before this line
+    lines = buggy_daemons.wait_line(r"^delivery \d+: deferral: internal_error_in_qmail-local")
+    assert forged_results(lines) == []
+    mine = [line for line in lines if line.startswith("qmail-local: ")]
+    assert all(line.isascii() and line.isprintable() and len(line) <= 1100 for line in mine), mine
+    known = [line for line in lines if logline.parse(line).kind != "unknown"]
+    assert sorted(known + mine) == sorted(lines)   # every line is qmail-send's or prefixed
+    assert queued_count(qmail_home) == 1
+
+
+def test_a_long_traceback_is_cut_to_whole_prefixed_lines():
+    """A delivery worker sends the traceback's end back in its report (internalerror.tail):
+    the cut keeps whole lines, so none reaches the log without its prefix (a cut in the
+    middle of a quoted address of 16 kB made its end a line of its own)."""
+    from qmailpy import internalerror
+    try:
+        raise TypeError((FORGED + b"x" * 20000).decode())
+    except TypeError as e:
+        text = internalerror.trace("qmail-local", e)
+    cut = internalerror.tail(text, 16384)
+    assert len(cut) <= 16384 and cut.endswith(b"\n")
+    assert cut.startswith(b"qmail-local: internal error: TypeError: delivery 99")
+    lines = cut.decode().split("\n")[:-1]
+    assert len(lines) > 2
+    assert all(line.startswith("qmail-local: ") and len(line) <= 1100 for line in lines), lines
+    assert forged_results(lines) == []
 
 
 @pytest.mark.parametrize("buggy_daemons", ["qmail-send"], indirect=True)

@@ -130,7 +130,8 @@ def _worker_main(channel, key, home, aliasempty, base_environ):
         installed = replace_environ(os.environb, base_environ, installed)
         code, trace = _deliver(home, aliasempty, marshal.loads(payload), fds, installed)
         try:
-            workers.send(channel, b"%d" % code + (b" " + trace[-TRACE_MAX:] if trace else b""))
+            workers.send(channel, b"%d" % code + (b" " + internalerror.tail(trace, TRACE_MAX)
+                                                   if trace else b""))
         except OSError:
             return 0
         if _limits() != limits:

@@ -115,7 +115,7 @@ def _worker_main(channel, home):
                                      bugs)
             finally:
                 os.close(fds[0])
-            bugs = [trace[-(workers.MAX_PACKET // 4):] for trace in bugs]     # its end says most
+            bugs = [internalerror.tail(trace, workers.MAX_PACKET // 4) for trace in bugs]
             try:
                 workers.send(channel, marshal.dumps((records, alone[0] if alone else None, bugs)))
             except OSError:
