@@ -81,6 +81,17 @@ def log(program, exc, fd=2):
     write(fd, trace(program, exc))
 
 
+def daemon(program, body):
+    """body()'s exit status; a bug in it is logged here and is 111. For the daemons whose
+    stderr is qmail-send's log (qmail-lspawn, qmail-rspawn, qmail-clean): Python's own
+    traceback would go there unprefixed, its exception's message a line of its own."""
+    try:
+        return body()
+    except Exception as e:
+        log(program, e)
+        return 111
+
+
 def log_if_bug(program, exc, expected):
     """log(program, exc) unless exc is one of the expected exception types."""
     if not isinstance(exc, expected):

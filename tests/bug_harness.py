@@ -49,14 +49,14 @@ sys.exit(main())
 '''
 
 
-def write_buggy_programs(home, *programs):
-    """The directory holding the named programs (of PLANTS) with a planted bug."""
+def write_buggy_programs(home, *programs, plants=PLANTS):
+    """The directory holding the named programs (of plants) with a planted bug."""
     import qmailpy
     bindir = shared_dir(home, "bugbin")
     os.chmod(bindir, 0o755)
     source_dir = os.path.dirname(os.path.dirname(qmailpy.__file__))
     for program in programs:
-        module, name, main = PLANTS[program]
+        module, name, main = plants[program]
         path = os.path.join(bindir, program)
         with open(path, "w") as f:
             f.write(PROGRAM % {"python": sys.executable, "path": [source_dir], "module": module,

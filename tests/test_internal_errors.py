@@ -111,6 +111,30 @@ def test_a_traceback_quoting_a_hostile_address_forges_no_log_line(
     assert queued_count(qmail_home) == 1
 
 
+@pytest.mark.slow
+def test_a_bug_in_qmail_lspawn_itself_is_logged_prefixed(qmail_home, users):
+    """qmail-lspawn's stderr is qmail-send's log: a bug outside a delivery (here in the
+    recipient's lookup, which qmail-lspawn does itself) ends it with its traceback prefixed,
+    not Python's own, whose exception line quoted the address on a line of its own."""
+    from bug_harness import write_buggy_programs
+    lookup = {"qmail-lspawn": ("qmailpy.local.users", "lookup", "qmailpy.cli.qmail_lspawn")}
+    env = dict(qmail_home.env)
+    env["PATH"] = (write_buggy_programs(qmail_home, "qmail-lspawn", plants=lookup)
+                   + os.pathsep + env["PATH"])
+    daemons = Daemons(qmail_home, env=env)
+    try:
+        daemons.start().wait_started()
+        recipient = ECHO + b"\nx: " + FORGED + b"@test.example"
+        assert qmail_home.queue_message(MSG, b"joe@test.example", [recipient]).returncode == 0
+        lines = daemons.wait_line(r"TypeError: planted bug for bugged-echo")
+        lines = daemons.wait_line(r"^(qmail-lspawn: \| )?x: delivery 99")
+    finally:
+        daemons.kill()
+    assert forged_results(lines) == []
+    assert "qmail-lspawn: | x: " + FORGED.decode() in lines
+    assert queued_count(qmail_home) == 1
+
+
 def test_a_long_traceback_is_cut_to_whole_prefixed_lines():
     """A delivery worker sends the traceback's end back in its report (internalerror.tail):
     the cut keeps whole lines, so none reaches the log without its prefix (a cut in the

@@ -13,7 +13,8 @@ def main(argv=None):
     except OSError:
         return 111
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    return serve(0, 1)
+    from qmailpy import internalerror
+    return internalerror.daemon("qmail-clean", lambda: serve(0, 1))
 
 
 if __name__ == "__main__":

@@ -11,9 +11,11 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         return 100
+    from qmailpy import internalerror
     from qmailpy.local import lspawn
     from qmailpy.home import qmail_home
-    return lspawn.run(qmail_home(), os.fsencode(argv[0]))
+    return internalerror.daemon("qmail-lspawn",
+                                lambda: lspawn.run(qmail_home(), os.fsencode(argv[0])))
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@ import sys
 
 
 def main(argv=None):
+    from qmailpy import internalerror
     from qmailpy.home import qmail_home
     from qmailpy.remote.rspawn import serve
-    return serve(qmail_home())
+    return internalerror.daemon("qmail-rspawn", lambda: serve(qmail_home()))
 
 
 if __name__ == "__main__":
