@@ -17,6 +17,7 @@ from send_harness import shared_dir
 
 MARKER = b"bugged"
 ECHO = b"bugged-echo"
+NOMEM = b"bugged-nomem"     # MemoryError: a condition (ENOMEM), not a bug
 TEXT = "planted bug"
 
 # program -> (module, function wrapped, the program's main module)
@@ -39,6 +40,8 @@ def plant():
         for a in args:
             if isinstance(a, (bytes, bytearray)) and %(echo)r in a:
                 raise TypeError(%(text)r + " for " + bytes(a).decode("utf-8", "surrogateescape"))
+        if any(isinstance(a, (bytes, bytearray)) and %(nomem)r in a for a in args):
+            raise MemoryError()
         if any(isinstance(a, (bytes, bytearray)) and %(marker)r in a for a in args):
             raise TypeError(%(text)r)
         return real(*args, **kwargs)
@@ -60,7 +63,7 @@ def write_buggy_programs(home, *programs, plants=PLANTS):
         path = os.path.join(bindir, program)
         with open(path, "w") as f:
             f.write(PROGRAM % {"python": sys.executable, "path": [source_dir], "module": module,
-                               "name": name, "main": main, "marker": MARKER, "echo": ECHO,
+                               "name": name, "main": main, "marker": MARKER, "echo": ECHO, "nomem": NOMEM,
                                "text": TEXT})
         os.chmod(path, 0o755)
     return bindir

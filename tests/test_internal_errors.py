@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bug_harness import ECHO, TEXT, buggy_env, write_buggy_programs
+from bug_harness import ECHO, NOMEM, TEXT, buggy_env, write_buggy_programs
 from qmailpy import logline
 from qmqpd_harness import QmqpServer, ask, request
 from smtpd_support import SmtpdProcess
@@ -108,6 +108,22 @@ def test_a_traceback_quoting_a_hostile_address_forges_no_log_line(
     assert all(line.isascii() and line.isprintable() and len(line) <= 1100 for line in mine), mine
     known = [line for line in lines if logline.parse(line).kind != "unknown"]
     assert sorted(known + mine) == sorted(lines)   # every line is qmail-send's or prefixed
+    assert queued_count(qmail_home) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("buggy_daemons", ["qmail-lspawn"], indirect=True)
+def test_memory_running_out_in_qmail_local_is_qmails_out_of_memory_not_a_bug(
+        qmail_home, users, buggy_daemons):
+    users.add("bugged-", wildcard=True)
+    buggy_daemons.start().wait_started()
+    recipient = NOMEM + b"@test.example"
+    assert qmail_home.queue_message(MSG, b"joe@test.example", [recipient]).returncode == 0
+    lines = buggy_daemons.wait_line(r"^delivery \d+: deferral: ")
+    assert [line for line in lines if line.startswith("delivery ")] == [
+        re.sub(r": deferral: .*", ": deferral: Out_of_memory._(#4.3.0)/",
+               [line for line in lines if line.startswith("delivery ")][0])]
+    assert not [line for line in lines if line.startswith("qmail-local: ")]
     assert queued_count(qmail_home) == 1
 
 

@@ -36,6 +36,7 @@ MAX_IDLE = 60
 IDLE_CAP = 16
 
 QLX_USAGE = 112
+OUT_OF_MEMORY = b"Out of memory. (#4.3.0)\n"
 PROGRAM = "qmail-local"
 TRACE_MAX = 16384           # of a bug's traceback (its end) in a worker's report
 QLX_ROOT = 113
@@ -183,13 +184,20 @@ def _deliver(home, aliasempty, fields, fds, environ):
                                      aliasempty, home=home, environ=environ)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 111
+    except MemoryError:             # a condition, not a bug: qmail-local's temp_nomem
+        _report(OUT_OF_MEMORY)
+        code = 111
     except BaseException as e:       # a bug: named in the report, its traceback to the log
         trace = internalerror.trace(PROGRAM, e)
-        try:
-            os.write(2, internalerror.summary(PROGRAM, e) + b" (#4.3.0)\n")
-        except OSError:
-            pass
+        _report(internalerror.summary(PROGRAM, e) + b" (#4.3.0)\n")
         code = 111
     finally:
         workers.null_stdio()
     return (code if isinstance(code, int) else 111), trace
+
+
+def _report(text):
+    try:
+        os.write(2, text)
+    except OSError:
+        pass
