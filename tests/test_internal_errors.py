@@ -257,3 +257,32 @@ def test_a_bug_in_a_forked_spawner_child_is_named_in_the_report_and_traced_on_st
 def spawn_slots():
     from qmailpy.spawn import SLOTS
     return SLOTS
+
+
+KEEPER = r'''
+import sys
+from qmailpy.remote import cache, deliver
+class Broken(cache.Connections):
+    def keeper(self, key):
+        def keep(conn, extensions):
+            raise TypeError(%(text)r)
+        return keep
+bugs = []
+records = deliver.records_of([b"x.test", b"a@b.example", b"ann@x.test"], %(home)r, 0,
+                             cache=Broken(), alone=[], bugs=bugs)
+sys.stdout.buffer.write(deliver.output(records))
+sys.stderr.buffer.write(b"".join(bugs))
+'''
+
+
+def test_a_bug_after_the_peer_accepted_the_message_leaves_the_verdict_a_success(qmail_home):
+    """A delivery worker keeps the connection once the peer said 250 to the final dot: a bug
+    in keeping it is traced, but the message is delivered (K), not deferred to go out twice."""
+    from remote_harness import Smtpd, route
+    with Smtpd() as peer:
+        route(qmail_home, "x.test", peer.port)
+        done = subprocess.run([sys.executable, "-c", KEEPER % {"text": TEXT, "home": qmail_home.path}],
+                              input=MSG, capture_output=True, env=qmail_home.env, timeout=60)
+    assert len(peer.transactions) == 1
+    assert done.stdout.startswith(b"r\0K127.0.0.1 accepted message.\n"), done
+    traceback_of("qmail-remote", done.stderr.decode().splitlines(), "remote/deliver.py")

@@ -98,18 +98,21 @@ class _Done(Exception):
     """Raised by a step of deliver() with the run's records: the run ends here."""
 
 
-def deliver(args, home, messfd=0, lookup=None, now=None, pid=None, cache=None, alone=None):
+def deliver(args, home, messfd=0, lookup=None, now=None, pid=None, cache=None, alone=None,
+            bugs=None):
     """The records of one run (a list of bytes, each without its NUL).
 
     cache: a remote.cache.Connections of qmail-rspawn's delivery worker: a connection
     it holds to an eligible address is used first (RSET, then the transaction), and
     one whose peer accepted the message is kept in it instead of closed.
     alone: a list that gets, once a peer answered the recipients, the verdict a
-    recipient it refused would have had in a run of its own (smtp.giving_up)."""
+    recipient it refused would have had in a run of its own (smtp.giving_up).
+    bugs: as for records_of, for a bug in keeping a connection (the verdict stands)."""
     if len(args) < 3:
         return [PERM_USAGE]
     try:
         run = _Run(args, _controls(home), pid, now)
+        run.bugs = bugs
         eligible = run.eligible(lookup)
         run.message = _message(run.controls, messfd)
         return run.send(eligible, messfd, cache, alone)
@@ -152,6 +155,7 @@ class _Run:
         self.tls = None         # (required, cafile) of control/tlsdestinations
         self.failure = TEMP_NOCONN  # the report when no address does better
         self.clear = None       # the TLS line of a delivery in clear after STARTTLS failed
+        self.bugs = None        # records_of's list for tracebacks
 
     def eligible(self, lookup):
         """The (pref, ip, name) rows to try, best first."""
@@ -212,7 +216,7 @@ class _Run:
         from qmailpy.remote import dns
         partner = dns.format_ip(ip)
         key = (partner, self.port, use_tls) + self.tls + (tuple(policy.names),)
-        keep = None if cache is None else cache.keeper(key)
+        keep = None if cache is None else _guarded(cache.keeper(key), self.bugs)
         held = None if cache is None else cache.take(key)
         if held is not None:
             conn, extensions = held
@@ -272,6 +276,29 @@ class _Run:
         return records
 
 
+def _guarded(keep, bugs):
+    """keep for smtp.dialogue, which calls it once the peer has accepted the message: a bug
+    in it is reported (_bug) and the connection closed, but the run's verdict stands, or the
+    message would be deferred and sent again."""
+    def guarded(conn, extensions):
+        try:
+            keep(conn, extensions)
+        except Exception as e:
+            conn.close()
+            _bug(e, bugs)
+    return guarded
+
+
+def _bug(exc, bugs):
+    """exc's traceback appended to bugs (a list), or else written on fd 2."""
+    from qmailpy import internalerror
+    trace = internalerror.trace(PROGRAM, exc)
+    if bugs is None:
+        internalerror.write(2, trace)
+    else:
+        bugs.append(trace)
+
+
 def _message(controls, messfd):
     """The message as smtputf8.read_message reads it, with its DKIM signature prefix."""
     from qmailpy.remote import smtp, smtputf8
@@ -308,15 +335,11 @@ def records_of(args, home, messfd=0, cache=None, alone=None, bugs=None):
     "Internal errors")."""
     from qmailpy import internalerror
     try:
-        return deliver(args, home, messfd, cache=cache, alone=alone)
+        return deliver(args, home, messfd, cache=cache, alone=alone, bugs=bugs)
     except MemoryError:
         return [TEMP_NOMEM]
     except Exception as e:
-        trace = internalerror.trace(PROGRAM, e)
-        if bugs is None:
-            internalerror.write(2, trace)
-        else:
-            bugs.append(trace)
+        _bug(e, bugs)
         return [b"Z" + internalerror.summary(PROGRAM, e) + b" (#4.3.0)\n"]
 
 
