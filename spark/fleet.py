@@ -94,13 +94,15 @@ def handoff(reason):
 class Occurrence:
     """One message on one host (a row of messages.parquet) and what became of it."""
     __slots__ = ("key", "host", "n", "birth", "bytes", "sender", "qp", "end_time", "ended",
-                 "bounced", "in_snapshot", "local", "outside", "hops", "incoming", "left")
+                 "bounced", "triple", "orphan", "in_snapshot", "local", "outside", "hops", "incoming",
+                 "left")
 
     def __init__(self, row, in_snapshot):
         self.host, self.n, self.birth = row["host"], row["n"], row["birth"]
         self.key = (self.host, self.n, self.birth)
         self.bytes, self.sender, self.qp = row["bytes"], row["sender"], row["qp"]
         self.end_time, self.ended, self.bounced = row["end_time"], row["ended"], row["bounced"]
+        self.triple, self.orphan = row["triple"], row["orphan"]
         self.in_snapshot = in_snapshot
         self.local = []          # times of local successes
         self.outside = []        # (partner, time) of remote successes outside the fleet
@@ -256,6 +258,10 @@ class Fleet:
             ends += [("outside", "%s>%s" % (occ.host, partner), t) for partner, t in occ.outside]
             if occ.bounced:
                 ends.append(("bounced", occ.host, occ.end_time))
+            if occ.triple:      # a double bounce discarded, as qmail-send does by design
+                ends.append(("discarded", occ.host, occ.end_time))
+            if occ.orphan:      # its log began inside: earlier deliveries are not in it
+                ends.append(("before-log", occ.host, None))
             if not occ.ended:
                 ends.append(("queued" if occ.in_snapshot else "open", occ.host, None))
             stack += [hop.dst for hop in reversed(occ.hops) if hop.dst is not None]
@@ -266,7 +272,7 @@ class Fleet:
         if not ends:
             self.findings.append(_finding(
                 origin, "vanished-in-fleet", origin.end_time or origin.birth,
-                "journey from %s message %d ended nowhere: not delivered, not bounced, not "
+                "journey from %s message %d ended nowhere: not delivered, bounced or discarded, not "
                 "handed outside the fleet, not queued" % (origin.host, origin.n)))
         times = [t for _k, _w, t in ends if t is not None]
         # hosts in the order the message went (depth first), whatever their clocks say

@@ -431,7 +431,7 @@ JOURNEY_SCHEMA = T.StructType([
 def _fleet(spark, frames, opts, log_hosts, snapshot_hosts):
     """The fleet linked on the driver from the messages and their deliveries."""
     occ_rows = frames["occ"].select("host", "n", "birth", "bytes", "sender", "qp", "end_time",
-                                    "ended", "bounced").collect()
+                                    "ended", "bounced", "triple", "orphan").collect()
     d = frames["d"]
     delivery_rows = d.filter((d["result"] == "k") | (d["channel"] == "remote")) \
         .select("host", "n", "occ_birth", "result", "channel", "recipient", "dstart", "ddone",

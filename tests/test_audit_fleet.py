@@ -26,7 +26,8 @@ MSG = b"Subject: fleet %d\n\nhello\n"
 
 def _occ(host, n, birth, qp, size=100, sender="a@x.example", ended=True, bounced=0):
     return {"host": host, "n": n, "birth": birth, "bytes": size, "sender": sender, "qp": qp,
-            "end_time": birth + 5 if ended else None, "ended": ended, "bounced": bounced}
+            "end_time": birth + 5 if ended else None, "ended": ended, "bounced": bounced,
+            "triple": 0, "orphan": False}
 
 
 def _dl(host, n, birth, start, done, result="k", channel="remote", reason=None, rcpt="r@far"):
@@ -88,6 +89,16 @@ def test_loop_and_journey_ending_nowhere():
     kinds = sorted(x[3] for x in f.findings)
     assert kinds == ["loop", "vanished-in-fleet"]
     assert f.journeys[0]["route"] == "a>b>a" and f.journeys[0]["loop"]
+
+
+def test_discarded_double_bounce_and_log_begun_inside_are_ends_not_vanished():
+    """qmail-send discards a double bounce (triple bounce) by design; a message whose log
+    began inside had its deliveries before the log: neither ended nowhere."""
+    triple = dict(_occ("a", 1, 0.0, 1), triple=1)
+    orphan = dict(_occ("a", 2, 5.0, 2), orphan=True)
+    f = fleet.Fleet(MAP, [triple, orphan], [], {"a"}, {"a"})
+    assert f.findings == []
+    assert sorted(j["ended"] for j in f.journeys) == ["before-log", "discarded"]
 
 
 def test_command_refuses_a_map_naming_an_address_twice(tmp_path):
