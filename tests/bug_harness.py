@@ -6,9 +6,10 @@ qmail-rspawn, qmail-lspawn, qmail-send, qmail-smtpd, qmail-queue and qmail-qmqpd
 runs the real program's main() after wrapping one internal function
 of qmailpy to raise TypeError("planted bug") when one of its arguments holds the
 marker (an address like bugged@...), or TypeError("planted bug for ARGUMENT") when it
-holds ECHO: a bug whose message carries what a sender chose, as many do. qmail-start
-finds its programs through PATH, so with DIR first on PATH the daemons it starts are these. Nothing in qmailpy knows of
-this: the function is replaced from outside, as a bug would be in it.
+holds ECHO: a bug whose message carries what a sender chose, as many do, or MemoryError
+when it holds NOMEM. qmail-start finds its programs through PATH, so with DIR first on
+PATH the daemons it starts are these. Nothing in qmailpy knows of this: the function is
+replaced from outside, as a bug would be in it.
 """
 import os
 import sys
@@ -63,8 +64,8 @@ def write_buggy_programs(home, *programs, plants=PLANTS):
         path = os.path.join(bindir, program)
         with open(path, "w") as f:
             f.write(PROGRAM % {"python": sys.executable, "path": [source_dir], "module": module,
-                               "name": name, "main": main, "marker": MARKER, "echo": ECHO, "nomem": NOMEM,
-                               "text": TEXT})
+                               "name": name, "main": main, "marker": MARKER, "echo": ECHO,
+                               "nomem": NOMEM, "text": TEXT})
         os.chmod(path, 0o755)
     return bindir
 

@@ -281,8 +281,8 @@ def test_a_bug_after_the_peer_accepted_the_message_leaves_the_verdict_a_success(
     from remote_harness import Smtpd, route
     with Smtpd() as peer:
         route(qmail_home, "x.test", peer.port)
-        done = subprocess.run([sys.executable, "-c", KEEPER % {"text": TEXT, "home": qmail_home.path}],
-                              input=MSG, capture_output=True, env=qmail_home.env, timeout=60)
+        script = KEEPER % {"text": TEXT, "home": qmail_home.path}
+        done = subprocess.run([sys.executable, "-c", script], input=MSG, capture_output=True, env=qmail_home.env, timeout=60)
     assert len(peer.transactions) == 1
     assert done.stdout.startswith(b"r\0K127.0.0.1 accepted message.\n"), done
     traceback_of("qmail-remote", done.stderr.decode().splitlines(), "remote/deliver.py")
