@@ -198,6 +198,25 @@ def test_a_bug_in_a_qmail_smtpd_session_is_a_451_to_the_client_and_a_traceback_o
     assert queued_count(qmail_home) == 0
 
 
+def test_a_bug_after_a_pipelined_message_was_queued_keeps_its_250(qmail_home):
+    """The client pipelines the next transaction after the final dot; the bug in it must not
+    take away the 250 of the message already queued (the client would send it again)."""
+    bindir = write_buggy_programs(qmail_home, "qmail-smtpd")
+    smtpd = SmtpdProcess(qmail_home, argv=[os.path.join(bindir, "qmail-smtpd")])
+    assert smtpd.reply().startswith(b"220 ")
+    assert smtpd.command(b"EHLO client.example\r\n").startswith(b"250")
+    assert smtpd.command(b"MAIL FROM:<joe@client.example>\r\n") == b"250 ok\r\n"
+    assert smtpd.command(b"RCPT TO:<ann@test.example>\r\n") == b"250 ok\r\n"
+    assert smtpd.command(b"DATA\r\n").startswith(b"354 ")
+    smtpd.send(b"Subject: x\r\n\r\nhi\r\n.\r\nMAIL FROM:<joe@client.example>\r\n"
+               b"RCPT TO:<bugged@test.example>\r\n")
+    replies = smtpd.rest()
+    assert re.fullmatch(rb"250 ok \d+ qp \d+\r\n250 ok\r\n"
+                        rb"451 internal error, closing connection \(#4\.3\.0\)\r\n", replies)
+    assert smtpd.close() == 1
+    assert queued_count(qmail_home) == 1
+
+
 def test_a_bug_in_qmail_queue_is_qmails_qq_internal_bug_with_its_traceback_on_stderr(qmail_home):
     done = qmail_home.queue_message(MSG, b"joe@test.example", [b"bugged@test.example"],
                                     env=buggy_env(qmail_home, "qmail-queue"))

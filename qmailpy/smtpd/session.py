@@ -756,7 +756,10 @@ def _internal_error(session, exc):
     from qmailpy import internalerror
     internalerror.log("qmail-smtpd", exc)
     session.until = time.monotonic() + DEADLINE_GRACE
-    session.out[:] = R_INTERNAL
+    # The replies to commands before the bug stand: a pipelined client must still see the
+    # 250 of a message already queued, or it sends it again. A reply cut short does not.
+    del session.out[session.out.rfind(b"\n") + 1:]
+    session.out += R_INTERNAL
     try:
         session.flush()
     except Exception:           # _End: the client is gone, or the bug is in flush itself
