@@ -4,7 +4,8 @@ A server (qmail-smtpd-listen, qmail-qmqpd, qmail-lspawn) forks a worker once, wi
 so the worker starts with everything the server had loaded, and then hands it job
 after job: one packet of a few bytes with at most MAX_FDS file descriptors
 (SCM_RIGHTS: an accepted connection, a message file, a report pipe). The worker
-answers each job with one packet when it is done. A worker serves one job at a
+answers each job with one packet when it is done
+(send_report: a larger report in a memfd attached to a marker packet). A worker serves one job at a
 time, so a crash loses only the job it was doing; the server sees its end of the
 socket pair become readable with nothing in it (EOF) and counts that job as lost.
 A worker that ends with an exception writes its traceback on fd 2 (qmailpy.internalerror):
@@ -22,11 +23,14 @@ decided to exit.
 import os
 import selectors
 import socket
+import stat
 import sys
 import time
 
 MAX_FDS = 4
 MAX_PACKET = 65536
+REPORT_MAX = 16 << 20       # the largest report a pool with large_reports reads from a memfd
+_LARGE = b"\0report in the descriptor"
 
 
 class Worker:
@@ -89,6 +93,47 @@ def send(channel, payload, fds=()):
         socket.send_fds(channel, [payload], list(fds))
     else:
         channel.send(payload)
+
+
+def send_report(channel, payload):
+    """A worker's report on its job: one packet, or, when it would not fit in one (many
+    recipients refused with long replies), a marker packet carrying a memfd that holds
+    it. Only a pool whose workers run as its own account takes the second form
+    (Pool.large_reports): reading a descriptor another account chose could block."""
+    if len(payload) < MAX_PACKET:
+        send(channel, payload)
+        return
+    from qmailpy.fileio import write_all
+    fd = os.memfd_create("qmailpy-report", os.MFD_CLOEXEC)
+    try:
+        write_all(fd, payload)
+        send(channel, _LARGE, [fd])
+    finally:
+        os.close(fd)
+
+
+def _large_report(fds):
+    """The report in the one memfd of a marker packet, or None (then the job counts as
+    crashed): anything but one regular file of at most REPORT_MAX bytes is refused."""
+    try:
+        if len(fds) != 1:
+            return None
+        size = os.fstat(fds[0]).st_size
+        if not stat.S_ISREG(os.fstat(fds[0]).st_mode) or size > REPORT_MAX:
+            return None
+        chunks, offset = [], 0
+        while offset < size:
+            chunk = os.pread(fds[0], size - offset, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def receive(channel):
@@ -177,6 +222,8 @@ class Pool:
     first, and retires a worker after max_use jobs, max_idle seconds without work, or
     when more than idle_cap are idle (the one idle longest first)."""
 
+    large_reports = False           # workers may send a report too large for a packet (send_report)
+
     def __init__(self, max_use, max_idle, idle_cap):
         self.max_use = max_use
         self.live = {}              # channel fd -> Worker
@@ -199,6 +246,9 @@ class Pool:
             packet = receive(worker.channel)
         except OSError:
             packet = None
+        if self.large_reports and worker.busy and packet is not None and packet[0] == _LARGE:
+            report = _large_report(packet[1])
+            packet = None if report is None else (report, [])
         if packet is not None and (packet[1] or not worker.busy):
             for fd in packet[1]:        # a worker reports its job, with no descriptors, once:
                 os.close(fd)            # anything else ends it, as if it had died

@@ -66,6 +66,27 @@ def test_more_recipients_than_the_limit_take_more_transactions(qmail_home):
     assert sorted(len(t.rcpt_tos) for t in peer.transactions) == [3, RCPT_LIMIT]
 
 
+def test_a_report_larger_than_a_packet_reaches_every_recipient(qmail_home):
+    # 40 recipients refused with 4 KB replies each: a report of 170 KB, which no
+    # SOCK_SEQPACKET packet holds; every recipient used to get 'qmail-remote crashed'
+    # (a deferral, again at every retry) instead of its own refusal
+    text = "\r\n".join("550-5.1.1 " + "x" * 70 for _ in range(55)) + "\r\n550 5.1.1 no such user"
+    count = 40
+    with Smtpd() as peer:
+        route(qmail_home, "x.test", peer.port)
+        for k in range(count):
+            peer.rcpt_replies["u%d@x.test" % k] = text
+        m = put_message(qmail_home, 4003, b"Subject: hi\n\nbody\n")
+        rs = Rspawn(qmail_home)
+        rs.commands([(k, m, b"a@b.example", b"u%d@x.test" % k) for k in range(count)])
+        got = rs.replies(count)
+        rs.finish()
+    said = b"Remote host said: " + text.replace("\r\n", "\n").encode() + b"\n"
+    expected = b"D127.0.0.1 does not like recipient.\n" + said + b"Giving up on 127.0.0.1.\n"
+    assert sum(len(reply) for reply in got.values()) > 65536
+    assert [got[k] for k in range(count)] == [expected] * count
+
+
 @pytest.mark.slow
 def test_the_next_message_to_the_same_peer_reuses_the_connection(qmail_home):
     with Smtpd() as peer:

@@ -35,6 +35,7 @@ _CANNOT_START = 111 << 8    # as a qmail-remote that could not be run: "ZUnable 
 
 
 class RemoteWorkers(workers.Pool):
+    large_reports = True            # its workers are qmailr, as qmail-rspawn is
     def __init__(self, home, max_use=MAX_USE, max_idle=MAX_IDLE, idle_cap=IDLE_CAP):
         super().__init__(max_use, max_idle, idle_cap)
         self.home = home
@@ -117,7 +118,8 @@ def _worker_main(channel, home):
                 os.close(fds[0])
             bugs = [internalerror.tail(trace, workers.MAX_PACKET // 4) for trace in bugs]
             try:
-                workers.send(channel, marshal.dumps((records, alone[0] if alone else None, bugs)))
+                workers.send_report(channel, marshal.dumps((records, alone[0] if alone else None,
+                                                            bugs)))
             except OSError:
                 return 0
     finally:
