@@ -222,6 +222,7 @@ def test_nothing_is_done_without_qmail_send(qmail_home):
 
 
 QUEUE_MANY = r'''
+import sys
 from qmailpy.queue.client import QueueClient
 home, count = sys.argv[1], int(sys.argv[2])
 for i in range(count):

@@ -75,6 +75,7 @@ def test_qmqpd_socket_swapped_for_a_symlink_right_after_bind(qmail_home, victim)
 
 
 PLANT = r"""
+import os, sys
 what, path, target = sys.argv[1:]
 if what == "symlink":
     if os.path.isdir(path) and not os.path.islink(path):
@@ -152,6 +153,7 @@ def test_init_rerun_writes_no_control_file_through_a_symlink(qmail_home, victim)
 # with a FIFO or a symlink at NAME.reply
 ANSWER = r"""
 import fcntl, os, sys
+from inotify_simple import INotify, flags
 queue, what, victim = sys.argv[1:]
 lock = os.open(os.path.join(queue, "lock", "sendmutex"), os.O_RDWR)
 fcntl.flock(lock, fcntl.LOCK_EX)
@@ -288,6 +290,7 @@ def test_init_rerun_follows_roots_symlink_but_not_a_users_link_beyond_it(qmail_h
 
 
 HOLD_SEND_LOCK = r"""
+import fcntl, os, sys
 queue, victim = sys.argv[1:]
 lock = os.open(os.path.join(queue, "lock", "sendmutex"), os.O_RDWR)
 fcntl.flock(lock, fcntl.LOCK_EX)

@@ -54,6 +54,7 @@ def qmailpy_files():
     from qmailpy.backends.logcommit import SEGMENT_LIMIT, SEGMENT_LIMIT_CONTROL
     from qmailpy.ctl.logwriter import COUNT_CONTROL, DEFAULT_COUNT, DEFAULT_SIZE, SIZE_CONTROL
     from qmailpy.queuelimits import DEFAULT_MAXRCPT, MAXRCPT_CONTROL
+    from qmailpy.send.metrics import DEFAULT_INTERVAL as METRICS_INTERVAL, INTERVAL_CONTROL as METRICS_CONTROL
     from qmailpy.resolver import CONTROL as DNS_CONTROL, DEFAULT_TIMEOUT as DNS_TIMEOUT, TIMEOUT_CONTROL
     from qmailpy.remote.tls import CONTROL as TLS_CONTROL
     from qmailpy.smtpd.auth import DEFAULT_TIMEOUT as CHECKPASSWORD_TIMEOUT
@@ -76,6 +77,7 @@ def qmailpy_files():
         ("int", SEGMENT_LIMIT_CONTROL, str(SEGMENT_LIMIT), "Log queue segment size limit is ", " bytes"),
         ("int", SIZE_CONTROL, str(DEFAULT_SIZE), "Log files rotate past ", " bytes"),
         ("int", MAXRCPT_CONTROL, str(DEFAULT_MAXRCPT), "Recipients per message are at most ", " (0: no count)"),
+        ("int", METRICS_CONTROL, str(METRICS_INTERVAL), "Metrics are written every ", " seconds"),
         ("lst", "outgoingip", "Outgoing connections bind to no particular address.",
          "Outgoing connections bind to ", "."),
         ("int", "pop3requiretls", "0", "POP3 passwords in clear from other hosts refused is ", " (1: yes)"),
