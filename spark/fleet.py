@@ -29,10 +29,10 @@ import re
 import statistics
 
 from qmailpy.queue.qmqp import qp_of
+from spark.messages import NOTICE, VIOLATION
 
 DEFAULT_SKEW = 300.0           # seconds two hosts' clocks may differ
 HEADER_GROWTH = 8192           # bytes a peer may add (Received:, its filters' headers)
-VIOLATION, NOTICE = "violation", "notice"
 FLEET_FINDING_KINDS = {
     "lost-between-hosts": VIOLATION,
     "duplicate-across-hosts": NOTICE,
