@@ -10,6 +10,8 @@ import socket
 import tempfile
 import time
 
+from inotify_simple import INotify, flags
+
 from conftest import make_home
 from ctl_support import ctl
 from qmailpy.ctl.daemons import SEND_LOG
@@ -47,7 +49,18 @@ class FleetHost:
     def stop(self):
         done = ctl(self.home, "stop")
         assert done.returncode == 0, done.stderr
-        wait_for(lambda: "status: exiting" in self.log_text())
+        self.wait_log(lambda text: "status: exiting" in text)
+
+    def wait_log(self, predicate, timeout=TIMEOUT):
+        """Until predicate(qmail-send's log text) holds: woken by inotify on the log's
+        directory (the file may not exist yet, and rotation makes a new one)."""
+        with INotify() as watch:
+            watch.add_watch(os.path.dirname(self.log), flags.CREATE | flags.MODIFY | flags.MOVED_TO)
+            deadline = time.monotonic() + timeout
+            while not predicate(self.log_text()):
+                left = deadline - time.monotonic()
+                assert left > 0, "timed out waiting on %s" % self.log
+                watch.read(timeout=int(min(left, 1.0) * 1000))
 
     def log_text(self):
         try:
@@ -64,13 +77,6 @@ def traversable_base_dir():
     base = tempfile.mkdtemp(prefix="qmailpy-fleet-")
     os.chmod(base, 0o755)
     return base
-
-
-def wait_for(predicate, timeout=TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
 
 
 def remove_queued(home):

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import VENV_BIN
 from ctl_support import ctl
-from fleet_support import FleetHost, free_port, remove_queued, shifted_log, wait_for
+from fleet_support import FleetHost, free_port, remove_queued, shifted_log
 from smtpd_support import ListenerProcess
 from spark import fleet
 
@@ -150,9 +150,9 @@ def real_fleet():
                 assert done.returncode == 0, done.stderr
             done = relay.home.queue_message(MSG % 99, b"a@test.example", [b"x@lost.example"])
             assert done.returncode == 0, done.stderr
-            wait_for(lambda: "success: 127.0.1.4_accepted_message." in relay.log_text())
+            relay.wait_log(lambda text: "success: 127.0.1.4_accepted_message." in text)
             assert remove_queued(gone.home)
-        wait_for(lambda: hub.log_text().count(": deferral: ") >= COUNT)
+        hub.wait_log(lambda text: text.count(": deferral: ") >= COUNT)
         for h in (relay, mx, hub):
             h.stop()
         yield hosts

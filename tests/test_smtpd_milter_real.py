@@ -110,18 +110,21 @@ def test_opendkim_signs(qmail_home, tmp_path):
 
 
 def _wait_for_socket(proc, path):
-    """opendkim is ready when its socket accepts; the inotify-free wait is its exit or that."""
+    """opendkim is ready when its socket accepts: woken by inotify when a name appears in the
+    socket's directory, and at least every second to see whether opendkim exited."""
     import socket
     import time
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail("opendkim exited: %s" % proc.stderr.read().decode(errors="replace"))
-        try:
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(path)
-            s.close()
-            return
-        except OSError:
-            time.sleep(0.1)    # a socket that does not exist yet has no event to wait on
+    from inotify_simple import INotify, flags
+    with INotify() as watch:
+        watch.add_watch(os.path.dirname(path), flags.CREATE | flags.MOVED_TO)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail("opendkim exited: %s" % proc.stderr.read().decode(errors="replace"))
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(path)
+                return
+            except OSError:
+                watch.read(timeout=1000)
     pytest.fail("opendkim did not open %s" % path)
