@@ -341,32 +341,13 @@ def _spawn_logged(argv, env, logpath, cwd="/"):
 
 def _write_pid(path, pid):
     """path holds pid whole or not at all: a full disk must not leave an empty pid file.
-    A fresh NAME.tmp, written and renamed through the directory's descriptor (nofollow):
-    root follows no link and opens no file its owner put there."""
+    Written with nofollow.replace through the directory's descriptor: root follows no
+    link and opens no file its owner put there."""
     from qmailpy import nofollow
-    from qmailpy.fileio import write_all
     directory, name = os.path.split(path)
-    tmp = name + ".tmp"
     dfd = nofollow.open_home(directory)
     try:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                     dir_fd=dfd)
-        try:
-            try:
-                write_all(fd, b"%d\n" % pid)
-            finally:
-                os.close(fd)
-            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except OSError:
-            try:
-                os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
-            raise
+        nofollow.replace(dfd, name, b"%d\n" % pid, 0o644)
     finally:
         os.close(dfd)
 
