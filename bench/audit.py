@@ -14,7 +14,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from qmailpy import snapshot_format  # noqa: E402
-from spark import synthetic  # noqa: E402
+from qmailpy_audit import synthetic  # noqa: E402
 
 LINES_PER_MESSAGE = 9.6         # what synthetic.generate writes on average
 
@@ -72,7 +72,7 @@ def main():
     lines = count_lines(log)
 
     from qmailpy.cli.qmail_audit import session
-    from spark import job
+    from qmailpy_audit import job
     t0 = time.time()
     spark = session(args.master, "qmail-audit-bench", driver_memory=args.driver_memory)
     spark.sparkContext.parallelize([0], 1).count()       # the JVM and one Python worker up

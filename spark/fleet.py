@@ -29,7 +29,7 @@ import re
 import statistics
 
 from qmailpy.queue.qmqp import qp_of
-from spark.messages import NOTICE, VIOLATION
+from qmailpy_audit.messages import NOTICE, VIOLATION
 
 DEFAULT_SKEW = 300.0           # seconds two hosts' clocks may differ
 HEADER_GROWTH = 8192           # bytes a peer may add (Received:, its filters' headers)

@@ -15,9 +15,9 @@ from qmailpy import snapshot_format
 from qmailpy.ctl.daemons import SEND_LOG
 from qmailpy.ctl.logwriter import log_set
 from qmailpy.states import DEFAULT_QUEUELIFETIME
-from spark import inputs as inputs_mod
-from spark import fleet as fleet_mod
-from spark import logparse, messages, segments, snapshots, summaries, report
+from qmailpy_audit import inputs as inputs_mod
+from qmailpy_audit import fleet as fleet_mod
+from qmailpy_audit import logparse, messages, segments, snapshots, summaries, report
 
 EXAMPLES_PER_KIND = 20
 

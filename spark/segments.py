@@ -14,7 +14,7 @@ When this installation has no log backend, segments cannot be read: each
 segment input is reported as unreadable and the rest is audited.
 """
 from qmailpy import states
-from spark.messages import ABSENT, _implicit_path, _opening_path, event_move_legal, finding
+from qmailpy_audit.messages import ABSENT, _implicit_path, _opening_path, event_move_legal, finding
 
 READER_MODULE = "qmailpy.backends.logrecords"
 

@@ -5,7 +5,7 @@ observation() the item handed to the per-message transition table so the
 snapshot can be compared with the log of the same host.
 """
 from qmailpy import states
-from spark.messages import RETRY_SKIP, finding, last_attempt_offset  # noqa: F401
+from qmailpy_audit.messages import RETRY_SKIP, finding, last_attempt_offset  # noqa: F401
 
 FILE_PROBLEMS = ("split-mismatch", "inode-mismatch", "duplicate", "unknown-record",
                  "unreadable")

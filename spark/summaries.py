@@ -1,7 +1,7 @@
 """Summaries of the per-message tables, as qmail log analysers give them.
 
 The qmailanalog figures follow zoverall(1) over matchup(1)'s m and d lines
-exactly (MLINE/DLINE rows of spark.messages):
+exactly (MLINE/DLINE rows of qmailpy_audit.messages):
 
   completed messages     number of m lines
   recipients             sum of nk + nd           (successes + failures)

@@ -24,7 +24,7 @@ import time
 
 from qmailpy import snapshot_format, states
 from qmailpy.layout import SPLIT
-from spark.messages import last_attempt_offset, next_pass_offset
+from qmailpy_audit.messages import last_attempt_offset, next_pass_offset
 
 LOG_DEFECTS = ("illegal-transition", "delivery-after-end", "duplicate-delivery",
                "failure-not-bounced", "past-lifetime", "never-ended", "vanished")

@@ -1,7 +1,7 @@
 """The audit's per-message grouping without Spark, for the audit tests: groups_of keys one
 host's log events (and snapshot items) by message as the Spark job does.
 """
-from spark import logparse, messages
+from qmailpy_audit import logparse, messages
 
 
 def groups_of(events, snaps=()):

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 pyspark = pytest.importorskip("pyspark")
 
-from spark import job, synthetic  # noqa: E402
+from qmailpy_audit import job, synthetic  # noqa: E402
 from shared_data import data_file  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
@@ -67,7 +67,7 @@ def _percentile(values, p):
 
 def _sample_dlines():
     """matchup's d lines of the epoch sample, by the pure-Python per-message logic."""
-    from spark import logparse, messages
+    from qmailpy_audit import logparse, messages
     events = []
     with open(EPOCH) as f:
         for i, line in enumerate(f):
@@ -610,7 +610,7 @@ def test_delivery_suite_logs_and_queues_audit_clean(spark, tmp_path):
     result = _audit(spark, inputs, tmp_path / "out", host_map=host_map)
     assert result.bad_inputs == []
     assert result.warnings == []            # every log has its snapshot and vice versa
-    from spark import messages
+    from qmailpy_audit import messages
     notices = {k for k, sev in messages.FINDING_KINDS.items() if sev != messages.VIOLATION}
     assert set(result.findings_by_kind) <= notices, result.findings_by_kind
     assert result.violations == 0 and result.exit_code == 0

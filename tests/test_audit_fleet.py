@@ -16,7 +16,7 @@ from conftest import VENV_BIN
 from ctl_support import ctl
 from fleet_support import FleetHost, free_port, remove_queued, shifted_log
 from smtpd_support import ListenerProcess
-from spark import fleet
+from qmailpy_audit import fleet
 
 COUNT = 3
 MSG = b"Subject: fleet %d\n\nhello\n"
@@ -163,7 +163,7 @@ def real_fleet():
 
 
 def _fleet_audit(spark, inputs, host_map, out, skew=fleet.DEFAULT_SKEW):
-    from spark import job
+    from qmailpy_audit import job
     addresses = {"127.0.1.1": "relay", "127.0.1.2": "mx", "127.0.1.3": "hub", "127.0.1.4": "gone"}
     opts = job.Options(host_map=[(os.path.abspath(p), n) for p, n in host_map],
                        fleet_map=addresses, skew=skew)

@@ -4,7 +4,7 @@ import pytest
 from audit_support import groups_of
 from qmailpy import logline, snapshot_format as snapshot, states
 from shared_data import data_file
-from spark import inputs, logparse, messages, report, segments, snapshots, synthetic
+from qmailpy_audit import inputs, logparse, messages, report, segments, snapshots, synthetic
 
 EPOCH = data_file("qmail-send-sample.epoch.log")
 T0 = 1795000000.0

@@ -27,7 +27,7 @@ def spark():
 
 
 def test_every_action_audits_clean(spark, qmail_home, peer, tmp_path, monkeypatch):  # noqa: F811
-    from spark import job, messages
+    from qmailpy_audit import job, messages
     collect = tmp_path / "collect"
     monkeypatch.setenv(AUDIT_COLLECT_ENV, str(collect))
     joe = LocalUsers(qmail_home).add("joe")

@@ -1,14 +1,14 @@
 """qmail-audit: audit qmail snapshots, logs and segments on Spark.
 
 Exit 0 clean, 1 violations found, 2 bad input or a Spark failure.
-The work is in spark.job; this module parses arguments and maps errors.
+The work is in qmailpy_audit.job (the spark/ folder); this module parses arguments and maps errors.
 """
 import argparse
 import os
 import sys
 
 from qmailpy.states import DEFAULT_QUEUELIFETIME
-from spark.fleet import DEFAULT_SKEW, read_map
+from qmailpy_audit.fleet import DEFAULT_SKEW, read_map
 
 
 def _parser():
@@ -67,7 +67,7 @@ def session(master, app_name="qmail-audit", driver_memory=None):
 def main(argv=None, use_existing_master=False):
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        from spark.inputs import parse_host_map
+        from qmailpy_audit.inputs import parse_host_map
         host_map = parse_host_map(args.host)
         fleet_map = None
         if args.fleet is not None:
@@ -83,7 +83,7 @@ def main(argv=None, use_existing_master=False):
     master = args.master or (None if use_existing_master else "local[*]")
     spark = None
     try:
-        from spark import job
+        from qmailpy_audit import job
         spark = session(master, driver_memory=args.driver_memory)
         opts = job.Options(host_map=host_map, queuelifetime=args.queuelifetime,
                            lifetime_slack=args.lifetime_slack,
