@@ -33,8 +33,10 @@ FORMAT = 1
 # Keys of a message record, in order. files: kind -> {path, split, size, mtime,
 # atime, inode, mode, links} (atime/inode/mode/links may be null when unknown).
 MESSAGE_FIELDS = ("record", "host", "n", "backend", "state", "files", "birth", "size",
-                  "sender", "recipients", "bouncing", "bounce", "problems")
+                  "sender", "recipients", "bouncing", "bounce", "problems", "message_id")
 FILE_FIELDS = ("path", "split", "size", "mtime", "atime", "inode", "mode", "links")
+# bytes of a mess file read for its Message-ID: a header longer than this is not searched
+HEADER_LIMIT = 65536
 
 
 class SnapshotError(ValueError):
@@ -61,7 +63,8 @@ def trailer(host, count):
 
 
 def message_record(host, n, backend, files, sender=None, recipients=(), bounce=None,
-                   bouncing=None, problems=(), state=None, birth=None, size=None):
+                   bouncing=None, problems=(), state=None, birth=None, size=None,
+                   message_id=None):
     """A message record; state is classified from the files unless given (log backend)."""
     if state is None and backend == "dir":
         state = states.classify(files.keys())
@@ -74,7 +77,35 @@ def message_record(host, n, backend, files, sender=None, recipients=(), bounce=N
     return {"record": "message", "host": host, "n": n, "backend": backend, "state": state,
             "files": files, "birth": birth, "size": size, "sender": sender,
             "recipients": list(recipients), "bouncing": bool(bouncing), "bounce": bounce,
-            "problems": list(problems)}
+            "problems": list(problems), "message_id": message_id}
+
+
+def message_id(head):
+    """The Message-ID field's value in a message's first bytes (unfolded, outer
+    whitespace stripped, as text()), or None when its header has none."""
+    value = None
+    for line in head.split(b"\n"):
+        line = line.rstrip(b"\r")
+        if value is not None:
+            if line[:1] in (b" ", b"\t"):
+                value = (value + b" " + line.strip()).strip()
+                continue
+            break
+        if not line:
+            break                       # the end of the header
+        name, colon, rest = line.partition(b":")
+        if colon and name.strip().lower() == b"message-id":
+            value = rest.strip()
+    return text(value) if value else None
+
+
+def _mess_message_id(queue, meta):
+    """message_id() of a mess file's first HEADER_LIMIT bytes; a line cut by the limit
+    is not read."""
+    head = _read_file(queue, meta, HEADER_LIMIT)
+    if len(head) == HEADER_LIMIT:
+        head = head[:head.rfind(b"\n") + 1]
+    return message_id(head)
 
 
 def recipient(channel, address, done):
@@ -120,7 +151,8 @@ def parse_line(line):
 
 
 _NUMBER = (int, float)
-_OPTIONAL = {"birth": _NUMBER, "size": int, "sender": str, "bounce": str, "bouncing": bool}
+_OPTIONAL = {"birth": _NUMBER, "size": int, "sender": str, "bounce": str, "bouncing": bool,
+             "message_id": str}
 _FILE_TYPES = {"path": str, "split": int, "size": int, "mtime": _NUMBER, "atime": _NUMBER,
                "inode": int, "mode": int, "links": int}
 
@@ -221,7 +253,7 @@ def _collect_files(queue):
     return found, problems
 
 
-def _read_file(queue, meta):
+def _read_file(queue, meta, limit=-1):
     """A queue file's bytes; OSError unless it is a regular file reached without a
     symlink. Root's qmailctl queue list and qmail-qread read here, in directories
     qmails and qmailq own: a FIFO in a file's place hung root (docs/security.md).
@@ -236,12 +268,14 @@ def _read_file(queue, meta):
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError("%s: not a regular file" % meta["path"])
-        return f.read()
+        return f.read(limit)
 
 
 def _dir_message(host, queue, n, files, problems):
-    sender, recipients, bounce = None, [], None
+    sender, recipients, bounce, mid = None, [], None, None
     try:
+        if "mess" in files:
+            mid = _mess_message_id(queue, files["mess"])
         if "info" in files:
             sender = text(envelope.parse_info(_read_file(queue, files["info"])))
         for channel in CHANNELS:
@@ -261,7 +295,8 @@ def _dir_message(host, queue, n, files, problems):
         problems.append("moved: a file of message %d vanished during the walk" % n)
     except (OSError, ValueError) as e:
         problems.append("unreadable: message %d: %s" % (n, e))
-    return message_record(host, n, "dir", files, sender, recipients, bounce, problems=problems)
+    return message_record(host, n, "dir", files, sender, recipients, bounce, problems=problems,
+                          message_id=mid)
 
 
 def walk_dir(host, queue):
@@ -274,13 +309,20 @@ def walk_dir(host, queue):
 def walk_log(host, home):
     """Message records of a log-backend home, from the backend's own reader."""
     from qmailpy.backends import open_backend
-    for view in open_backend(home).list_messages():
+    backend = open_backend(home)
+    queue = layout.queue_dir(home)
+    for view in backend.list_messages():
         recipients = [recipient(channel, *_view_record(rec))
                       for channel in CHANNELS for rec in getattr(view, channel)]
         problems = [view.error] if view.error else []
+        mid = None
+        try:
+            mid = _mess_message_id(queue, {"path": "mess/" + backend.message_path(view.n)})
+        except OSError as e:
+            problems.append("unreadable: message %d: %s" % (view.n, e))
         yield message_record(host, view.n, "log", {}, text(view.sender) if view.sender is not None
                              else None, recipients, bouncing=view.bouncing, problems=problems,
-                             state=view.state, birth=view.birth, size=view.size)
+                             state=view.state, birth=view.birth, size=view.size, message_id=mid)
 
 
 def _view_record(rec):

@@ -195,3 +195,18 @@ def test_log_backend_home_uses_the_backend_interface(tmp_path):
     records = _records(proc.stdout.decode())
     assert records[0]["backend"] == "log"
     assert records[-1]["messages"] == len(records) - 2
+
+
+def test_message_id_is_read_from_the_mess_header_within_its_limit(tmp_path):
+    home, queue = _queue(tmp_path)
+    folded = _mess(queue, b"Received: x\nMessage-Id:\n\t<a.1@mx7.example>\nSubject: s\n\n"
+                          b"Message-ID: <in-the-body@x>\n")
+    bodyonly = _mess(queue, b"Subject: s\n\nMessage-ID: <in-the-body@x>\n")
+    filler = b"".join(b"X-Filler: %060d\n" % i for i in range(snapshot.HEADER_LIMIT // 70))
+    beyond = _mess(queue, filler + b"Message-ID: <far@x>\n\nhi\n")
+    proc = _snapshot(home)
+    assert proc.returncode == 0, proc.stderr
+    by_n = {r["n"]: r for r in _records(proc.stdout.decode())[1:-1]}
+    assert by_n[folded]["message_id"] == "<a.1@mx7.example>"
+    assert by_n[bodyonly]["message_id"] is None
+    assert by_n[beyond]["message_id"] is None and by_n[beyond]["problems"] == []
