@@ -91,7 +91,7 @@ def test_showctl_prints_qmails_text_for_every_qmail_control_file(qmail_home):
 
 
 def test_showctl_morercpthosts_states(qmail_home):
-    from qmailpy.cdb import build
+    from qmailpy.util.cdb import build
     h = qmail_home
     plain = os.path.join(h.path, "control", "morercpthosts")
     cdb = plain + ".cdb"
@@ -131,7 +131,7 @@ def test_showctl_bad_input(qmail_home):
 
 
 def test_newmrh_builds_the_cdb_qmail_smtpd_consults(qmail_home):
-    from qmailpy.cdb import CDB
+    from qmailpy.util.cdb import CDB
     h = qmail_home
     h.control("morercpthosts", "More.Example  \n# hidden.example\n\n\tleading.example\t\nlast.example")
     done = h.run(["qmail-newmrh"])

@@ -1,7 +1,7 @@
 """cdb bytes built by hand from the format description (docs/control-files.md "cdb (users/cdb, morercpthosts.cdb)"), then read back."""
 import struct
 
-from qmailpy import cdb
+from qmailpy.util import cdb
 
 
 def test_hash_of_a_is_djb_hash():

@@ -1,10 +1,10 @@
-"""qmailpy.environ.replace: a worker's environment set per job, seen by the programs it runs."""
+"""qmailpy.util.environ.replace: a worker's environment set per job, seen by the programs it runs."""
 import os
 import subprocess
 
 import pytest
 
-from qmailpy.environ import replace
+from qmailpy.util.environ import replace
 
 
 @pytest.fixture

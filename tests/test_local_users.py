@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from qmailpy import cdb
+from qmailpy.util import cdb
 from qmailpy.local import users
 from qmailpy.local.users import Recipient
 

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from qmailpy import cdb
+from qmailpy.util import cdb
 
 pytestmark = pytest.mark.slow
 

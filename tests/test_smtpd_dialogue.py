@@ -151,7 +151,7 @@ def test_relayclient_value_is_appended_to_recipients(qmail_home):
 
 
 def test_rcpthosts_suffix_entries_and_morercpthosts_cdb(qmail_home):
-    from qmailpy.cdb import build
+    from qmailpy.util.cdb import build
     import os
     qmail_home.control("rcpthosts", "test.example\n.sub.example\n")
     build(os.path.join(qmail_home.path, "control", "morercpthosts.cdb"),

@@ -144,7 +144,7 @@ def test_rule_variables_do_not_outlive_their_session(qmail_home):
 
 def test_one_worker_gives_each_session_exactly_its_own_environment(qmail_home):
     # -c 1: one session worker serves both sessions. Its environment is set per session by
-    # changing only what differs (qmailpy.environ), so a rule's variable of the first
+    # changing only what differs (qmailpy.util.environ), so a rule's variable of the first
     # client must be gone for the second, and each sees its own port, in the environment a
     # $QMAILQUEUE program inherits.
     env = reporting_queue(qmail_home, "${FIRSTONLY-unset}", "${BOTH-unset}", "$TCPREMOTEIP",
@@ -430,7 +430,7 @@ def test_a_damaged_users_cdb_fails_the_delivery_not_qmail_lspawn(users):
     """qmail-lspawn reads users/cdb itself now: a record pointing past the end of the file
     is qmail's 'Trouble reading users/cdb', not the end of qmail-lspawn."""
     import struct
-    from qmailpy.cdb import cdb_hash
+    from qmailpy.util.cdb import cdb_hash
     users.add("gus")
     h = cdb_hash(b"")
     header = bytearray(2048)

@@ -7,7 +7,7 @@ USAGE = "qmail-inject: usage: qmail-inject [ -nNaAhH ] [ -f sender ] [ -F name ]
 
 def main(argv=None):
     from qmailpy.fileio import open_std_fds
-    from qmailpy.inject.sgetopt import GetoptError, sgetopt
+    from qmailpy.util.sgetopt import GetoptError, sgetopt
     stdin_closed = 0 in open_std_fds()
     argv = sys.argv[1:] if argv is None else argv
     try:

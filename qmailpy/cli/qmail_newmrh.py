@@ -56,7 +56,8 @@ def main(argv=None):
     if argv and not (len(argv) == 2 and argv[0] == "--home"):
         sys.stderr.write("usage: qmail-newmrh [--home DIR]\n")
         return 100
-    from qmailpy import cdb, nofollow
+    from qmailpy import nofollow
+    from qmailpy.util import cdb
     from qmailpy.cli.qmail_tcpto import why
     from qmailpy.home import qmail_home
     home = qmail_home(argv[1] if argv else None)

@@ -145,7 +145,7 @@ def pw2u(home, opts, passwd, alias_name):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    from qmailpy.inject.sgetopt import GetoptError, sgetopt
+    from qmailpy.util.sgetopt import GetoptError, sgetopt
     opts = Options()
     try:
         parsed, rest = sgetopt(argv, "/ohHuUc:C")

@@ -92,7 +92,7 @@ def main(argv=None):
     from qmailpy.home import qmail_home
     from qmailpy.queue import qmailqueue, server
     from qmailpy.queue.client import SOCKET
-    from qmailpy.smtpd.listener import Rules
+    from qmailpy.clientrules import Rules
     home = os.path.abspath(qmail_home())
     root = os.geteuid() == 0
     qmailqueue.prepare(home)           # once, for every queueing worker

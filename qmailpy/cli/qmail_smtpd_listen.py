@@ -13,7 +13,7 @@ USAGE = ("qmail-smtpd-listen: usage: qmail-smtpd-listen [ -c limit ] [ -s percli
 
 
 def _parse(argv):
-    from qmailpy.inject.sgetopt import GetoptError, sgetopt
+    from qmailpy.util.sgetopt import GetoptError, sgetopt
     try:
         opts, args = sgetopt(argv, "c:s:n:i:l:")
     except GetoptError:
@@ -53,7 +53,8 @@ def main(argv=None):
         return 100
     host, port, numbers, local = parsed
     from qmailpy.home import ControlError, control_value, qmail_home
-    from qmailpy.smtpd.listener import Listener, Rules
+    from qmailpy.clientrules import Rules
+    from qmailpy.smtpd.listener import Listener
     # Loaded once here so that each session worker starts with them in memory.
     from qmailpy.smtpd import privileges, session
     from qmailpy import privs

@@ -81,7 +81,7 @@ def set_environment(environ, sock, want_ident, timeout, resolve):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    from qmailpy.inject.sgetopt import GetoptError, sgetopt
+    from qmailpy.util.sgetopt import GetoptError, sgetopt
     try:
         opts, program = sgetopt(argv, "rRt:")
     except GetoptError:

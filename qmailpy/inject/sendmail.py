@@ -8,7 +8,7 @@ becomes EX_USAGE 64 for a usage error and EX_DATAERR 65 otherwise; 111
 again" rather than as a hard failure.
 """
 from qmailpy.inject.compose import ARGS, BOTH
-from qmailpy.inject.sgetopt import GetoptError, sgetopt
+from qmailpy.util.sgetopt import GetoptError, sgetopt
 
 EX_OK, EX_USAGE, EX_DATAERR, EX_UNAVAILABLE, EX_TEMPFAIL = 0, 64, 65, 69, 75
 USAGE = ("sendmail: usage: sendmail [ -t ] [ -f sender ] [ -F name ] [ -O DeliverAfter=time ] [ -bp ] [ -bs ]"

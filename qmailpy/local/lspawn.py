@@ -60,7 +60,7 @@ def report(wstat, output):
     return letter + (output if nul < 0 else output[:nul])
 
 
-PRELOAD = ("fcntl", "pwd", "resource", "qmailpy.cdb", "qmailpy.envelope", "qmailpy.privs",
+PRELOAD = ("fcntl", "pwd", "resource", "qmailpy.util.cdb", "qmailpy.envelope", "qmailpy.privs",
            "qmailpy.local.dotqmail", "qmailpy.local.errors", "qmailpy.local.forward",
            "qmailpy.local.maildir", "qmailpy.local.mbox", "qmailpy.local.program",
            "qmailpy.queue.client", "qmailpy.queue.qmailqueue", "qmailpy.queue.qmqp")

@@ -28,7 +28,7 @@ compile_assign(home) is qmail-newu: users/assign -> users/cdb.
 """
 import os
 
-from qmailpy import cdb
+from qmailpy.util import cdb
 
 ASSIGN = "users/assign"
 CDB = "users/cdb"

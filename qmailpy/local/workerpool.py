@@ -27,7 +27,7 @@ import os
 import signal
 
 from qmailpy import internalerror, workers
-from qmailpy.environ import replace as replace_environ
+from qmailpy.util.environ import replace as replace_environ
 from qmailpy.local import users
 from qmailpy.local import deliver as local_deliver
 

@@ -65,7 +65,7 @@ class SmtpdConfig:
         if self.more_path is None:
             return None
         if self._more is None:
-            from qmailpy.cdb import CDB
+            from qmailpy.util.cdb import CDB
             try:
                 self._more = CDB.open(self.more_path)
             except (OSError, ValueError) as e:

@@ -11,7 +11,7 @@ sessions run at once; further connections wait in the kernel's backlog. SIGTERM
 (or SIGINT) closes the listening socket and ends the listener; sessions in
 progress finish on their own, then their workers exit.
 
-Rules (tcprules' source format, see Rules) decide per client address whether a
+Rules (tcprules' source format, qmailpy.clientrules) decide per client address whether a
 connection is refused before any session runs or which variables its session
 gets, as tcpserver -x does.
 
@@ -23,7 +23,7 @@ worker, so one client cannot take every session slot.
 import os
 import socket
 
-from qmailpy.environ import replace as replace_environ
+from qmailpy.util.environ import replace as replace_environ
 from qmailpy.workerserver import DEFAULT_MAX_IDLE, DEFAULT_MAX_USE, REFUSED, WorkerServer
 from qmailpy.smtpd.tcpenv import unmapped
 
@@ -135,131 +135,3 @@ def _release_connection():
     finally:
         os.close(null)
 
-
-class Rules:
-    """Per-client rules in tcprules' source format, read from a text file.
-
-    A line is ADDRESS:allow or ADDRESS:deny, optionally followed by
-    ,VAR="value" settings (any character may stand for the quotes); lines
-    starting with # are comments. As tcpserver does, a client's rule is the one
-    for its exact address, else for the longest prefix of it ending in a dot,
-    else for the empty address; of several lines with the same address the
-    first counts. A range like 10.1-3. stands for 10.1., 10.2. and 10.3.
-    Addresses with = or @ (host names, ident) never match: the listener looks
-    neither up. No rule for a client: allowed, nothing set.
-
-    The file is reread when its inode, size or mtime changes, so checking it
-    costs one stat per connection. An absent file means no rules.
-    """
-
-    def __init__(self, path):
-        self.path = path
-        self.signature = None
-        self.table = {}
-
-    def refresh(self):
-        """Reread the file if it changed; an error text (old rules kept) or None."""
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            signature = None
-        except OSError as e:
-            return self._failed(("stat", e.errno), "unable to stat %s: %s" % (self.path, e.strerror))
-        else:
-            signature = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if signature == self.signature:
-            return None
-        if signature is None:
-            self.signature, self.table = None, {}
-            return None
-        # as control/ files are read (qmailpy.home): qmail-smtpd-listen reads it as root, and
-        # a single-user home's user could link it to /etc/shadow, whose first line the parse
-        # error below would then quote in the user's log
-        from qmailpy.home import ControlError, control_bytes
-        try:
-            data = control_bytes(self.path, self.path)
-            table = parse_rules((data or b"").decode("utf-8", "surrogateescape"))
-        except ControlError as e:
-            return self._failed(signature, str(e))
-        except ValueError as e:
-            return self._failed(signature, "unable to parse %s: %s" % (self.path, e))
-        self.signature, self.table = signature, table
-        return None
-
-    def _failed(self, signature, text):
-        # Report a broken file once, not on every connection, until it changes again.
-        if signature == self.signature:
-            return None
-        self.signature = signature
-        return text
-
-    def lookup(self, ip):
-        """(allow, ((name, value), ...)) for a client address."""
-        table = self.table
-        rule = table.get(ip)
-        end = len(ip)
-        while rule is None:
-            end = ip.rfind(".", 0, end)
-            if end < 0:
-                return table.get("", (True, ()))
-            rule = table.get(ip[:end + 1])
-        return rule
-
-
-def parse_rules(text):
-    """{address: (allow, variables)} from rules text; ValueError names a bad line."""
-    table = {}
-    for number, line in enumerate(text.split("\n"), 1):
-        line = line.rstrip(" \t\r")
-        if not line or line[0] == "#":
-            continue
-        try:
-            address, rule = _parse_rule(line)
-            if "=" in address or "@" in address:
-                continue
-            keys = _expand_range(address)
-        except ValueError:
-            raise ValueError("line %d: %s" % (number, line)) from None
-        for key in keys:
-            table.setdefault(key, rule)
-    return table
-
-
-def _parse_rule(line):
-    if "\0" in line:
-        raise ValueError(line)
-    # The address may itself hold colons (IPv6): the separator is the colon before the verb.
-    colon = line.find(":")
-    while colon >= 0 and not line.startswith(("allow", "deny"), colon + 1):
-        colon = line.find(":", colon + 1)
-    if colon < 0:
-        raise ValueError(line)
-    allow = line.startswith("allow", colon + 1)
-    rest = line[colon + (6 if allow else 5):]
-    variables = []
-    while rest:
-        equals = rest.find("=")
-        if rest[0] != "," or equals < 2 or equals + 1 == len(rest):
-            raise ValueError(line)
-        close = rest.find(rest[equals + 1], equals + 2)
-        if close < 0:
-            raise ValueError(line)
-        variables.append((rest[1:equals], rest[equals + 2:close]))
-        rest = rest[close + 1:]
-    return line[:colon], (allow, tuple(variables))
-
-
-def _expand_range(address):
-    """tcprules' ranges: 1.2.3.37-43 and 10.1-3. name each number in between."""
-    dash = address.find("-")
-    if dash < 0:
-        return [address]
-    left = address.rfind(".", 0, dash) + 1
-    right = address.find(".", dash)
-    if right < 0:
-        right = len(address)
-    low, high = address[left:dash], address[dash + 1:right]
-    if not (low.isdigit() and high.isdigit() and low.isascii() and high.isascii()):
-        raise ValueError(address)
-    head, tail = address[:left], address[right:]
-    return [head + str(n) + tail for n in range(int(low), min(int(high), 255) + 1)]

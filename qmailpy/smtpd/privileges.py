@@ -12,7 +12,7 @@ import os
 # Everything a session may import later, loaded while the interpreter's files are
 # still readable (and so that forked sessions share them instead of importing).
 PRELOAD = ("fcntl", "grp", "pwd", "time", "array", "struct", "socket", "select",
-           "qmailpy.queue.client", "qmailpy.queue.qmailqueue", "qmailpy.queue.qmqp", "qmailpy.trigger", "qmailpy.cdb",
+           "qmailpy.queue.client", "qmailpy.queue.qmailqueue", "qmailpy.queue.qmqp", "qmailpy.trigger", "qmailpy.util.cdb",
            "qmailpy.smtpd.ipme", "qmailpy.smtpd.session")
 
 
