@@ -163,7 +163,7 @@ def send_side(backend_name, messages):
             count[0] += 1
             return real_fsync(fd)
         if backend_name == "dir":
-            from qmailpy.backends.dirqueue import DirQueue
+            from qmailpy.backends.dir.queue import DirQueue
             from qmailpy.send.clean import CleanClient
             clean = subprocess.Popen([os.path.join(BIN, "qmail-clean")], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=dict(os.environ, QMAILHOME=home))
@@ -304,7 +304,7 @@ DIR_CHILD = r"""
 import sys, time
 sys.path.insert(0, sys.argv[2])
 t = time.perf_counter()
-from qmailpy.backends.dirqueue import DirQueue
+from qmailpy.backends.dir.queue import DirQueue
 dq = DirQueue(sys.argv[1])
 due = dq.startup()
 print(time.perf_counter() - t, len(due) + len(dq.schedule))

@@ -5,7 +5,7 @@ import os
 import subprocess
 
 from logqueue_harness import route
-from qmailpy.backends.dirqueue import DirQueue
+from qmailpy.backends.dir.queue import DirQueue
 from qmailpy.send.clean import CleanClient
 
 

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from convert_support import build_dir_queue, envelope_files
-from qmailpy.backends.dirqueue import DirQueue
+from qmailpy.backends.dir.queue import DirQueue
 from qmailpy.backends.logqueue import LogQueue
 from qmailpy.send.clean import CleanClient
 

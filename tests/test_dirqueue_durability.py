@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from qmailpy.backends.dirqueue import DirQueue
+from qmailpy.backends.dir.queue import DirQueue
 
 pytestmark = [pytest.mark.slow, pytest.mark.dir_only]
 

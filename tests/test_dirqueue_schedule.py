@@ -3,7 +3,7 @@ channel files' mtimes, due() hands out what is due once, reschedule() takes a ch
 back, run_all_now() makes everything due, save_schedule() writes it back at exit."""
 import os
 
-from qmailpy.backends.dirqueue import DirQueue
+from qmailpy.backends.dir.queue import DirQueue
 
 from logqueue_harness import make_queue
 
@@ -75,7 +75,7 @@ def test_take_removes_a_message_at_once_and_the_heaps_stay_bounded():
     """A command on message n (send/commands.py) takes its entries out in O(1): they are
     never handed out, a new entry for the same number is, and taken entries do not pile up."""
     from qmailpy.backends.base import Scheduled
-    from qmailpy.backends.dirschedule import DirSchedule
+    from qmailpy.backends.dir.schedule import DirSchedule
     s = DirSchedule()
     for n in range(1, 5001):
         s.add(Scheduled(n, "remote", T + n))

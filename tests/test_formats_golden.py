@@ -158,7 +158,7 @@ def test_qmail_queue_names_mess_by_inode(qmail_home):
 def test_preprocessing_writes_info_local_remote_as_the_spec_gives_them(qmail_home):
     """The files qmail-send's preprocessing (DirQueue) writes, against bytes typed from
     docs/queue-format.md "File formats": info `F<sender>\\0`, local/remote one `T<addr>\\0` per recipient."""
-    from qmailpy.backends.dirqueue import DirQueue
+    from qmailpy.backends.dir.queue import DirQueue
 
     class Unlinker:                                   # qmail-clean's answer to a todo/ request
         def request(self, name):

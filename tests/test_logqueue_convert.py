@@ -8,7 +8,7 @@ import pytest
 from inotify_simple import INotify, flags
 
 from convert_support import build_dir_queue, envelope_files
-from qmailpy.backends import dirlist
+from qmailpy.backends.dir import listing as dirlist
 from qmailpy.backends.logqueue import LogQueue
 
 pytestmark = pytest.mark.slow

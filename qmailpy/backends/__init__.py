@@ -16,5 +16,5 @@ def open_backend(home, **options):
     if backend_name(home) == "log":
         from qmailpy.backends.logqueue import LogQueue
         return LogQueue(home, **options)
-    from qmailpy.backends.dirqueue import DirQueue
+    from qmailpy.backends.dir.queue import DirQueue
     return DirQueue(home, **options)

@@ -27,7 +27,7 @@ finish_channel() ends a channel (the caller schedules completion once
 channels_left() is empty); preprocess() hands the new message's channels to the
 caller, due now. What the caller holds is only work that is due (or its own short
 retries after an error), so the memory per waiting message is the backend's: the
-directory backend's is one (due, n) per waiting channel (dirschedule.py); the log
+directory backend's is one (due, n) per waiting channel (dir/schedule.py); the log
 backend keeps none for a message nobody is working on (its queue runners,
 logrunners.py, find due work by reading the log).
 """

@@ -43,7 +43,7 @@ def _numbers(d):
 # --- one normal form for both backends --------------------------------------------
 
 def _dir_held(queue, n, path):
-    """True when hold/n holds message n (its marker names the birth: dircommands.py)."""
+    """True when hold/n holds message n (its marker names the birth: dir/holds.py)."""
     try:
         with open(os.path.join(queue, HOLD_DIR, str(n)), "rb") as f:
             marked = f.read(32)

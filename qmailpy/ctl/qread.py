@@ -66,6 +66,6 @@ def queue_reader(home):
             found = found.as_dict()
             return found["total"], found["new"]
         return backend.list_messages, counts
-    from qmailpy.backends import dirlist
+    from qmailpy.backends.dir import listing
     queue = os.path.join(home, "queue")
-    return (lambda: dirlist.list_messages(queue)), (lambda: dirlist.counts(queue))
+    return (lambda: listing.list_messages(queue)), (lambda: listing.counts(queue))

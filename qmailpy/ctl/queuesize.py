@@ -40,7 +40,7 @@ def sizes(home, exact=False):
     """{state: count} of a home's queue, as described above."""
     from qmailpy.backends import backend_name
     if backend_name(home) == "dir":
-        from qmailpy.backends.dirlist import state_counts
+        from qmailpy.backends.dir.listing import state_counts
         return state_counts(os.path.join(home, "queue"))
     if not exact:
         from qmailpy.backends.logqueue import LogQueue

@@ -127,7 +127,7 @@ def queue_sizes(backend, queue):
     if backend.name == "log":
         counts = backend.state_counts
         return counts.as_dict() if counts is not None else None
-    from qmailpy.backends.dirlist import state_counts
+    from qmailpy.backends.dir.listing import state_counts
     return state_counts(queue)
 
 

@@ -3,8 +3,9 @@
 qmail keeps this in memory, one (due, n) per waiting channel file, loaded at
 startup from the channel files' mtimes (docs/qmail-send.md "Startup") and written
 back to them at each retry and at exit (docs/qmail-send.md "Scheduling and
-retries"). DirQueue owns it and offers its entries through due(), as
-base.QueueBackend describes; qmail-send only holds what it was offered.
+retries"). DirState (state.py) owns it; DirQueue offers its entries through due(),
+as base.QueueBackend describes; qmail-send only holds what it was offered. Reads and
+writes no file: the channel files' mtimes are state.py's and deliveries.py's.
 
 `index` holds the due time of each waiting (channel, n): a heap entry that does not
 match it was taken out (a command on the message, take()) and is skipped when it

@@ -1,19 +1,28 @@
 """Preprocessing on the directory backend (S4 -> S5): todo/n becomes info/S/n and the
 channel files local/S/n and remote/S/n, then qmail-clean removes todo/n
 (docs/queue-format.md "Preprocessing (qmail-send + qmail-clean, S4→S5)").
+The order of operations, file names and records are qmail's.
 
-A mixin of DirQueue (dirqueue.py), which provides the paths, qmail-clean's client and
-the warnings; the order of operations, file names and records are qmail's.
+Interface: DirPreprocessor(state, scanner) with a DirState (state.py) and a DirScanner
+(scan.py, which removes what is left of a message whose body is gone). Reads todo/n
+and mess/S/n's size; creates and fsyncs info/S/n and the channel files, fsyncs their
+directories, unlinks what an earlier life of the number left, and asks qmail-clean
+(state.cleaner) to remove todo/n. Returns Preprocessed (base.py); owns nothing.
 """
 import os
 
 from qmailpy import envelope, logline
 from qmailpy.backends.base import Preprocessed, QueueError
+from qmailpy.backends.dir.state import rel
 from qmailpy.fileio import fsync_dir, write_all
 from qmailpy.layout import CHANNELS
 
 
-class DirPreprocessing:
+class DirPreprocessor:
+    def __init__(self, state, scanner):
+        self.state = state
+        self.scanner = scanner
+
     def preprocess(self, n, route, announce=None):
         prepared = self._prepare(n, route, announce)
         self._commit(prepared)
@@ -48,13 +57,13 @@ class DirPreprocessing:
             results.extend((p[0].n, e) for p in committed)
             committed = []
         if committed:
-            names = [self._rel("todo", p[0].n) for p in committed]
-            if self.cleaner is None:
+            names = [rel("todo", p[0].n) for p in committed]
+            if self.state.cleaner is None:
                 replies = [b"!"] * len(names)
-            elif hasattr(self.cleaner, "request_many"):
-                replies = self.cleaner.request_many(names)
+            elif hasattr(self.state.cleaner, "request_many"):
+                replies = self.state.cleaner.request_many(names)
             else:
-                replies = [self.cleaner.request(name) for name in names]
+                replies = [self.state.cleaner.request(name) for name in names]
             for prepared, name, reply in zip(committed, names, replies):
                 if reply == b"+":
                     results.append((prepared[0].n, prepared[0]))
@@ -63,8 +72,8 @@ class DirPreprocessing:
         return results
 
     def _clean_todo(self, prepared):
-        todo_rel = self._rel("todo", prepared[0].n)
-        if self._clean(todo_rel) != b"+":
+        todo_rel = rel("todo", prepared[0].n)
+        if self.state.clean(todo_rel) != b"+":
             raise QueueError("qmail-clean unable to clean up %s" % todo_rel)
         return prepared[0]
 
@@ -76,13 +85,13 @@ class DirPreprocessing:
         power cut only after an fsync of its directory."""
         dirs = set()
         for result, _ in committed:
-            dirs.add(os.path.dirname(self._rel("info", result.n)))
-            dirs.update(os.path.dirname(self._rel(channel, result.n)) for channel in result.channels)
-        for rel in sorted(dirs):
+            dirs.add(os.path.dirname(rel("info", result.n)))
+            dirs.update(os.path.dirname(rel(channel, result.n)) for channel in result.channels)
+        for dir_rel in sorted(dirs):
             try:
-                fsync_dir(self._path(rel))
+                fsync_dir(self.state.path(dir_rel))
             except OSError:
-                raise QueueError("trouble fsyncing %s" % rel)
+                raise QueueError("trouble fsyncing %s" % dir_rel)
 
     def _commit(self, prepared):
         """fsync and close the files _prepare wrote: info first, then each channel file."""
@@ -90,11 +99,11 @@ class DirPreprocessing:
         try:
             for kind in ("info",) + CHANNELS:
                 if kind in fds:
-                    rel = self._rel(kind, result.n)
+                    file_rel = rel(kind, result.n)
                     try:
                         os.fsync(fds[kind])
                     except OSError:
-                        raise QueueError("trouble fsyncing %s" % rel)
+                        raise QueueError("trouble fsyncing %s" % file_rel)
                     if kind == "info":
                         result.birth = int(os.fstat(fds[kind]).st_mtime)
                     os.close(fds.pop(kind))
@@ -115,16 +124,16 @@ class DirPreprocessing:
         message's recipients or bounce notes, so they are removed here too."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         try:
-            fd = os.open(self._path(info_rel), flags, 0o600)
+            fd = os.open(self.state.path(info_rel), flags, 0o600)
         except FileExistsError:
             for kind in ("local", "remote", "info"):
-                self._unlink_quietly(self._rel(kind, n))
-            fd = os.open(self._path(info_rel), flags, 0o600)
-        removed = [rel for rel in (self._rel(kind, n) for kind in ("local", "remote", "bounce"))
-                   if self._unlink_quietly(rel)]
-        for rel in removed:
-            self._warn("removed %s left over from an earlier message %d" % (rel, n))
-            self._sync_dir_of(rel)
+                self.state.unlink_quietly(rel(kind, n))
+            fd = os.open(self.state.path(info_rel), flags, 0o600)
+        removed = [left for left in (rel(kind, n) for kind in ("local", "remote", "bounce"))
+                   if self.state.unlink_quietly(left)]
+        for left in removed:
+            self.state.warn("removed %s left over from an earlier message %d" % (left, n))
+            self.state.sync_dir_of(left)
         return fd
 
     def _drop_ended_todo(self, n, mess_rel):
@@ -134,9 +143,9 @@ class DirPreprocessing:
         its info/, channel and bounce files. Remove those, then ask qmail-clean to
         remove todo/n (it would be tried every scan for good); QueueError says what
         happened."""
-        todo_rel = self._rel("todo", n)
-        self._remove_without_body(n, mess_rel)
-        if self._clean(todo_rel) != b"+":
+        todo_rel = rel("todo", n)
+        self.scanner.remove_without_body(n, mess_rel)
+        if self.state.clean(todo_rel) != b"+":
             raise QueueError("qmail-clean unable to clean up %s" % todo_rel)
         raise QueueError("removed %s left over from an ended message (no %s)" % (todo_rel, mess_rel))
 
@@ -147,10 +156,10 @@ class DirPreprocessing:
         when the sender record is written, so a todo entry that fails later (a
         garbage record, an fsync or qmail-clean error) has its `new msg` logged
         before the warning, on every attempt."""
-        todo_rel = self._rel("todo", n)
-        info_rel = self._rel("info", n)
+        todo_rel = rel("todo", n)
+        info_rel = rel("info", n)
         try:
-            fd = os.open(self._path(todo_rel), os.O_RDONLY)
+            fd = os.open(self.state.path(todo_rel), os.O_RDONLY)
         except OSError:
             raise QueueError("unable to open %s" % todo_rel)
         try:
@@ -165,9 +174,9 @@ class DirPreprocessing:
                 raise QueueError("trouble reading %s" % todo_rel)
         finally:
             os.close(fd)
-        mess_rel = self._rel("mess", n)
+        mess_rel = rel("mess", n)
         try:
-            size = os.stat(self._path(mess_rel)).st_size
+            size = os.stat(self.state.path(mess_rel)).st_size
         except FileNotFoundError:
             self._drop_ended_todo(n, mess_rel)
         except OSError:
@@ -198,12 +207,12 @@ class DirPreprocessing:
                 elif kind == b"T":
                     channel, address = route(record[1:])
                     if channel not in chan_data:
-                        rel = self._rel(channel, n)
+                        channel_rel = rel(channel, n)
                         try:
-                            fds[channel] = os.open(self._path(rel),
+                            fds[channel] = os.open(self.state.path(channel_rel),
                                                    os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                         except OSError:
-                            raise QueueError("unable to create %s" % rel)
+                            raise QueueError("unable to create %s" % channel_rel)
                         chan_data[channel] = bytearray()
                     chan_data[channel] += b"T" + address + b"\0"
                 else:
@@ -211,7 +220,7 @@ class DirPreprocessing:
             self._write_all(fds["info"], info_data, info_rel)
             for channel in CHANNELS:
                 if channel in chan_data:
-                    self._write_all(fds[channel], chan_data[channel], self._rel(channel, n))
+                    self._write_all(fds[channel], chan_data[channel], rel(channel, n))
         except BaseException:
             for fd in fds.values():
                 os.close(fd)
@@ -220,8 +229,8 @@ class DirPreprocessing:
         return Preprocessed(n, sender, size, pid, uid, None, channels), fds
 
     @staticmethod
-    def _write_all(fd, data, rel):
+    def _write_all(fd, data, file_rel):
         try:
             write_all(fd, bytes(data))
         except OSError:
-            raise QueueError("trouble writing to %s" % rel)
+            raise QueueError("trouble writing to %s" % file_rel)

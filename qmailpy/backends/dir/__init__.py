@@ -1,0 +1,1 @@
+"""The directory backend (qmail's own queue layout): queue.py's DirQueue and its parts."""
