@@ -19,6 +19,11 @@ from qmailpy.layout import SPLIT
 
 CHUNK = 65536                     # qmail-queue's buffer: bytes per read, and per write of the body
 NOT_BEFORE = "QMAILNOTBEFORE"     # qmail-queue's variable for it (docs/queue-format.md "Not-before time")
+HOLD = "QMAILHOLD"                # qmail-queue's variable asking for a hold (docs/queue-format.md "Hold at queueing")
+# The mess file's owner-execute bit: its queueing asked for a hold, which qmail-send turns
+# into its own (hold/n, or the held bit of the PREPROCESSED record) when it preprocesses
+# the message. qmail-queue makes mess files 0644; real qmail never looks at the mode.
+HOLD_MODE = 0o100
 MAX_HOLD = 7 * 86400              # seconds: the longest hold qmail-qmqpd and qmail-smtpd take
                                   # from callers without queue rights (qmail's default queuelifetime)
 
@@ -31,6 +36,22 @@ def not_before_of(environ):
     if not (value.isascii() and value.isdigit()) or len(value) > 12:
         raise ValueError(value)
     return int(value)
+
+
+def hold_of(environ):
+    """$QMAILHOLD: True when "1", False when unset; ValueError for anything else (a typo
+    must not deliver what was meant to be held)."""
+    value = environ.get(HOLD)
+    if value is None:
+        return False
+    if value != "1":
+        raise ValueError(value)
+    return True
+
+
+def hold_asked(st_mode):
+    """Whether a mess file's mode (os.stat's st_mode) carries a queueing's hold request."""
+    return bool(st_mode & HOLD_MODE)
 
 
 class Failure(Exception):
@@ -73,12 +94,13 @@ def create_mess(queue_dir, pid, start):
     return fd, n, messdir, messfn
 
 
-def fill_mess(fd, messdir, first, read, not_before=None, sync_dir=fsync_dir):
+def fill_mess(fd, messdir, first, read, not_before=None, sync_dir=fsync_dir, hold=False):
     """S1 -> S2, second half: first, then read() until b"", into fd; fsync it and messdir
     (with sync_dir(messdir): a queueing worker's shares the fsync, qmailpy.groupsync).
 
     not_before (epoch seconds), when given, becomes the file's mtime, synced with it: the
-    message's not-before time (docs/queue-format.md "Not-before time").
+    message's not-before time (docs/queue-format.md "Not-before time"). hold sets HOLD_MODE,
+    synced with it too, so the request is on disk before the envelope can be.
     Failure(54) when read fails, Failure(53) when writing or syncing does; the
     caller removes the file then."""
     buf = first
@@ -100,6 +122,8 @@ def fill_mess(fd, messdir, first, read, not_before=None, sync_dir=fsync_dir):
     try:
         if not_before is not None:        # mtime only: the 36-hour cleanup reads the atime
             os.utime(fd, ns=(os.fstat(fd).st_atime_ns, not_before * 1000000000))
+        if hold:
+            os.fchmod(fd, (os.fstat(fd).st_mode & 0o7777) | HOLD_MODE)
         os.fsync(fd)
         sync_dir(messdir)             # mess/S/n must be on disk before todo/n (or ENVELOPE) can be
     except OSError:

@@ -9,7 +9,9 @@ checks every transition it observes against TRANSITIONS.
 S1, S2, S3, S4, S5 = "S1", "S2", "S3", "S4", "S5"
 # Held (qmailctl queue hold, docs/qmail-send.md "Commands"): S5 kept from delivery,
 # with hold/n on the directory backend (the held bit of its snapshot on the log
-# backend, whose readers show it as S5 with "held" true).
+# backend, whose readers show it as S5 with "held" true). A hold asked at queueing
+# (docs/queue-format.md "Hold at queueing") is written by preprocessing before todo/n
+# goes, so S4 may already have hold/n and moves straight to HELD.
 HELD = "HELD"
 STATES = (S1, S2, S3, S4, S5, HELD)
 
@@ -34,7 +36,7 @@ PRESENCE = {
     S3: dict(mess=True, intd=True, todo=False, info=False, local=False, remote=False, bounce=False,
              hold=False),
     S4: dict(mess=True, intd=None, todo=True, info=None, local=None, remote=None, bounce=False,
-             hold=False),
+             hold=None),
     S5: dict(mess=True, intd=False, todo=False, info=True, local=None, remote=None, bounce=None,
              hold=False),
     HELD: dict(mess=True, intd=False, todo=False, info=True, local=None, remote=None, bounce=None,
@@ -47,6 +49,10 @@ TRANSITIONS = {
     (S2, S3): ("qmail-queue", "create intd/n"),
     (S3, S4): ("qmail-queue", "link intd/n to todo/n"),
     (S4, S5): ("qmail-clean", "unlink todo/n after qmail-send wrote info, local, remote"),
+    # qmail-send's, as the hold is: it writes hold/n and logs `hold msg` (qmail-clean then
+    # unlinks todo/n, as for S4 -> S5), so the audit counts the move as logged
+    (S4, HELD): ("qmail-send", "preprocess a message whose queueing asked a hold: info, local, "
+                 "remote and hold/n, then todo/n unlinked (log: a PREPROCESSED with the held bit)"),
     (S5, S2): ("qmail-send", "unlink info/S/n when every recipient is finished"),
     (S2, S1): ("qmail-clean", "unlink mess/S/n (foop request, or 36-hour cleanup)"),
     (S3, S2): ("qmail-queue", "unlink intd/n after a read or write error (or qmail-clean foop)"),
@@ -65,7 +71,8 @@ TRANSITIONS = {
 # a crash, deliveries marking recipients done, bounce notes, channel files
 # finished). They are legal; listed so the audit can name them.
 SELF_MOVES = {
-    S4: ("qmail-send", "write info/local/remote (preprocessing, possibly repeated)"),
+    S4: ("qmail-send", "write info/local/remote, and hold/n when its queueing asked a hold "
+                       "(preprocessing, possibly repeated)"),
     S5: ("qmail-send", "mark recipients done, append bounce notes, unlink channel files"),
 }
 

@@ -2,14 +2,20 @@
 to tests/milter_peer.py's milter over a real socket; each action a milter uses, the
 macros at each stage, and the milters that hang, answer garbage or hang up.
 """
+import json
 import os
+import re
 import smtplib
 import struct
 
 import pytest
 
+from delivery_support import maildir_messages, wait_maildir
+from lspawn_harness import LocalUsers
 from milter_peer import CLOSE, HANG, MilterPeer
+from queue_commands_support import ctl
 from queue_view import queued
+from send_harness import Daemons
 from smtpd_support import GREETING, TIMEOUT, ListenerProcess, SmtpdProcess
 from smtpd_tls_support import certs, tls_home  # noqa: F401  (fixtures: a TLS home with checkpassword)
 
@@ -189,11 +195,51 @@ def test_skip_and_no_reply_steps(qmail_home, milter):
     assert only(qmail_home).mess.endswith(body.replace(b"\r\n", b"\n") * 2000)
 
 
-def test_quarantine_is_a_451(qmail_home, milter):
-    milter(respond=lambda c, d: [(b"q", b"looks bad\0"), (b"c", b"")] if c == b"E" else None)
-    replies, stderr = dialogue(qmail_home)
-    assert replies[-1].startswith(b"451 ") and queued(qmail_home) == []
-    assert b"asks to quarantine" in stderr
+def QUARANTINE(command, data):
+    return [(b"q", b"looks bad\0"), (b"c", b"")] if command == b"E" else None
+
+
+@pytest.mark.both_backends
+def test_quarantine_queues_the_message_on_hold_until_released(qmail_home, milter):
+    """A quarantine is a 250: the message is queued held (qmail-send logs `hold msg N` as it
+    preprocesses it and starts no delivery of it) and `qmailctl queue release` delivers it."""
+    joe = LocalUsers(qmail_home).add("joe")
+    peer = milter(respond=QUARANTINE)
+    replies, stderr = dialogue(qmail_home, rcpts=(b"joe@test.example",))
+    assert struct.unpack(">I", peer.data_of(b"O")[0][4:8])[0] & 0x20    # SMFIF_QUARANTINE offered
+    assert replies[-1].startswith(b"250 ok "), replies
+    assert re.search(rb"milter: \S+ asks to quarantine message \S+: looks bad\n", stderr), stderr
+    assert re.search(rb"milter: message \S+ queued on hold: ok \d+ qp \d+\n", stderr)
+    held = only(qmail_home).n
+    free = qmail_home.queue_message(b"Subject: free\n\nfree\n", b"a@b.example", [b"joe@test.example"])
+    assert free.returncode == 0
+    daemons = Daemons(qmail_home).start()
+    try:
+        daemons.wait_line(r"^hold msg %d$" % held)
+        daemons.wait_line(r"^end msg ")              # the other message went through meanwhile
+        assert not [l for l in daemons.lines() if re.match(r"starting delivery \d+: msg %d " % held, l)]
+        [got] = maildir_messages(os.path.join(joe, "Maildir"))
+        assert b"Subject: free\n" in got
+        listing = qmail_home.run(["qmailctl", "queue", "list", "--home", qmail_home.path, "--json",
+                                  str(held)])
+        assert listing.returncode == 0, listing.stderr
+        record = json.loads(listing.stdout)
+        assert (record["state"], record["held"]) == ("HELD", True)
+        released = ctl(qmail_home, "release", str(held))
+        assert (released.returncode, released.stdout) == (0, b"%d: released\n" % held)
+        got = wait_maildir(os.path.join(joe, "Maildir"), 2)
+        assert any(b"Subject: hi\n" in m for m in got)
+        daemons.wait_line(r"^end msg %d$" % held)
+    finally:
+        daemons.kill()
+
+
+def test_quarantine_through_a_qmailqueue_program_is_a_451(qmail_home, milter):
+    """A $QMAILQUEUE program may not read $QMAILHOLD: the message is not queued unheld."""
+    milter(respond=QUARANTINE)
+    replies, stderr = dialogue(qmail_home, QMAILQUEUE=os.path.join(qmail_home.path, "bin", "qmail-queue"))
+    assert replies[-1] == b"451 a mail filter asks for a quarantine, which this queue cannot hold (#4.7.1)\r\n"
+    assert queued(qmail_home) == [] and b"asks to quarantine" in stderr
 
 
 def test_connect_reject_refuses_every_command_but_quit(qmail_home, milter):

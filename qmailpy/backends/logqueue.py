@@ -40,6 +40,7 @@ from qmailpy.backends.logrunners import RUNNER_LAGS, LogRunners
 from qmailpy.backends.logsegments import LogSegments, now as _now
 from qmailpy.envelope import ChannelRecord
 from qmailpy.layout import CHANNELS, SPLIT, relpath
+from qmailpy.mess import hold_asked
 
 
 class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogReaders, LogCommands,
@@ -159,12 +160,13 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
             raise QueueError("unable to open todo/%d" % n)
         mess = relpath("mess", n)
         try:
-            size = os.stat(os.path.join(self.queue, mess)).st_size
+            st = os.stat(os.path.join(self.queue, mess))
         except OSError:
             raise QueueError("unable to stat %s" % mess)
+        size = st.st_size
         now = _now()
         try:
-            data, channels = preprocessed(env, pos, size, route, now)
+            data, channels = preprocessed(env, pos, size, route, now, hold_asked(st.st_mode))
         except SetAside:
             # its ENVELOPE stays live and untouched, found again (and set aside again) at
             # the next start; qmailctl queue delete removes it.

@@ -18,7 +18,8 @@ from qmailpy.milter.message import Edits, Message, crlf_chunks
 R_REJECT = b"550 sorry, a mail filter refuses this (#5.7.1)\r\n"
 R_TEMPFAIL = b"451 a mail filter asks to try again later (#4.7.1)\r\n"
 R_UNAVAILABLE = b"451 mail filter unavailable, try again later (#4.7.1)\r\n"
-R_QUARANTINE = b"451 a mail filter asks for a quarantine, which this server lacks (#4.7.1)\r\n"
+# a quarantine where the hold cannot reach the queue ($QMAILQUEUE, a mini-qmail home)
+R_QUARANTINE = b"451 a mail filter asks for a quarantine, which this queue cannot hold (#4.7.1)\r\n"
 R_SPOOL = b"451 qq write error or disk full (#4.3.0)\r\n"
 R_NO_RECIPIENTS = b"554 a mail filter removed every recipient (#5.7.1)\r\n"
 _REPLYCODE = re.compile(rb"[45][0-9][0-9]([ -]|$)")
@@ -139,7 +140,8 @@ class Milters:
 
     def end_of_data(self, spool, sender, recipients, queue):
         """The answer to the message in spool: milters see it, edits go in, queue(write,
-        sender, recipients) queues it (write(sink) puts the message out) and gives the reply."""
+        sender, recipients, hold) queues it (write(sink) puts the message out; hold: on hold,
+        a milter's quarantine) and gives the reply."""
         try:
             if self.unavailable:
                 return R_UNAVAILABLE
@@ -164,14 +166,15 @@ class Milters:
                     self.discard = True
                 elif answer is not None:
                     return answer
-            if edits.quarantine:
-                return R_QUARANTINE
             if self.discard:
                 self.log(b"milter: discarded message %s" % self.msg_id)
                 return b"250 ok %d qp 0\r\n" % int(time.time())
             if not edits.recipients:
                 return R_NO_RECIPIENTS
-            return queue(edits.write, edits.sender, edits.recipients)
+            reply = queue(edits.write, edits.sender, edits.recipients, edits.quarantine)
+            if edits.quarantine and reply[:4] == b"250 ":
+                self.log(b"milter: message %s queued on hold: %s" % (self.msg_id, reply[4:].rstrip()))
+            return reply
         finally:
             edits.close()
 

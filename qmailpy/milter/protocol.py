@@ -35,10 +35,10 @@ P_NR_CONN, P_NR_HELO, P_NR_MAIL, P_NR_RCPT = 0x1000, 0x2000, 0x4000, 0x8000
 P_NR_DATA, P_NR_UNKN, P_NR_EOH, P_NR_BODY = 0x10000, 0x20000, 0x40000, 0x80000
 P_HDR_LEADSPC = 0x100000
 
-# What qmail-smtpd offers. Not RCPT_REJ (rejected recipients are not shown to milters),
-# nor QUARANTINE (docs/milter.md "Actions": a quarantine is answered 451).
-OFFERED_ACTIONS = F_ADDHDRS | F_CHGBODY | F_ADDRCPT | F_DELRCPT | F_CHGHDRS | F_CHGFROM \
-    | F_ADDRCPT_PAR | F_SETSYMLIST
+# What qmail-smtpd offers. Not RCPT_REJ (rejected recipients are not shown to milters).
+# QUARANTINE queues the message on hold (docs/milter.md "Actions").
+OFFERED_ACTIONS = F_ADDHDRS | F_CHGBODY | F_ADDRCPT | F_DELRCPT | F_CHGHDRS | F_QUARANTINE \
+    | F_CHGFROM | F_ADDRCPT_PAR | F_SETSYMLIST
 OFFERED_STEPS = 0x1FFFFF & ~P_RCPT_REJ
 
 # macro stages of SMFIR_SETSYMLIST (SMFIM_*), and the SMFIC_MACRO command each belongs to

@@ -118,7 +118,7 @@ class Result:
         return "Result(code=%r, pid=%r, text=%r)" % (self.code, self.pid, self.text)
 
 
-def QueueClient(home, environ=None, prefer_server=False, not_before=None):
+def QueueClient(home, environ=None, prefer_server=False, not_before=None, hold=False):
     """Start queueing one message: a ForkedQueue child, or with $QMAILQUEUE unset and no
     queue rights, a ServerSubmission to qmail-qmqpd. Both have write/finish/abort.
 
@@ -126,17 +126,25 @@ def QueueClient(home, environ=None, prefer_server=False, not_before=None):
     hands the message to qmail-qmqpd too, which queues it without a fork, and forks
     qmail-queue's code itself only when no server answers.
     not_before: hold the message's delivery until then (epoch seconds; without it,
-    $QMAILNOTBEFORE does, as for qmail-queue)."""
+    $QMAILNOTBEFORE does, as for qmail-queue). hold: queue it on hold, for `qmailctl
+    queue release` (without it, $QMAILHOLD=1 does); a $QMAILQUEUE or mini-qmail program
+    may not honour it: callers that must not deliver ask hold_reaches_queue() first."""
     environ = os.environ if environ is None else environ
     program = environ.get("QMAILQUEUE")
     if program is None:
         program = mini_queue(home)
     if program is None:
         if not has_queue_rights(home):
-            return ServerSubmission(home, not_before=not_before)
+            return ServerSubmission(home, not_before=not_before, hold=hold)
         if prefer_server:
-            return ServerSubmission(home, fallback=True, not_before=not_before)
-    return ForkedQueue(home, program, not_before)
+            return ServerSubmission(home, fallback=True, not_before=not_before, hold=hold)
+    return ForkedQueue(home, program, not_before, hold)
+
+
+def hold_reaches_queue(home, environ):
+    """Whether a hold asked of QueueClient reaches this home's queue: not through a
+    $QMAILQUEUE program or a mini-qmail home's qmail-qmqpc, which do not read $QMAILHOLD."""
+    return "QMAILQUEUE" not in environ and mini_queue(home) is None
 
 
 def code_of(marked):
@@ -158,11 +166,13 @@ class ServerSubmission:
     for a caller with queue rights). A server reached that fails mid-request is not
     retried so: the message may have been queued.
 
-    not_before (or else $QMAILNOTBEFORE) goes in the local socket's option."""
+    not_before (or else $QMAILNOTBEFORE) and hold (or else $QMAILHOLD) go in the local
+    socket's options."""
 
-    def __init__(self, home, fallback=False, not_before=None):
+    def __init__(self, home, fallback=False, not_before=None, hold=False):
         from qmailpy.queue.spool import Spool
         self.home, self.fallback, self.not_before = home, fallback, not_before
+        self.hold = hold
         self.path = os.path.join(home, SOCKET)
         self.pid = None
         self._spool = Spool()
@@ -189,18 +199,19 @@ class ServerSubmission:
         return self._result
 
     def _submit(self, sender, recipients):
-        not_before = self.not_before
-        if not_before is None:
-            from qmailpy.mess import not_before_of
-            try:
+        not_before, hold = self.not_before, self.hold
+        from qmailpy.mess import hold_of, not_before_of
+        try:
+            if not_before is None:
                 not_before = not_before_of(os.environ)
-            except ValueError:              # as qmail-queue: before anything is made
-                return Result(55, None, explain(55))
+            hold = hold or hold_of(os.environ)
+        except ValueError:                  # as qmail-queue: before anything is made
+            return Result(55, None, explain(55))
         spool = self._spool
         if spool.error is not None:
             return _spool_failure(spool.error)
         from qmailpy.queue import qmqp
-        head, tail = qmqp.frame(spool.size, sender, recipients, not_before)
+        head, tail = qmqp.frame(spool.size, sender, recipients, not_before, hold)
         spool_failed = []
 
         def send(sock):
@@ -224,25 +235,27 @@ class ServerSubmission:
                           b" failed: %s (#4.3.0)" % (os.fsencode(self.path), e.reason.encode()))
         except qmqp.Unreachable as e:
             if self.fallback:
-                return self._forked(sender, recipients, not_before)
+                return self._forked(sender, recipients, not_before, hold)
             return Result(NO_SERVER, None, b"Zno queue server at %s: %s;"
                           b" is qmail-qmqpd running? (#4.3.0)"
                           % (os.fsencode(self.path), e.reason.encode()))
         if spool_failed:
             return _spool_failure(spool_failed[0])
-        if not_before is not None and answer == qmqp.NOT_QMQP:
+        if (not_before is not None or hold) and answer == qmqp.NOT_QMQP:
             # a qmail-qmqpd from before the option (not restarted since an upgrade): the
             # request is sound, so this is not the message's fault
-            answer = b"Zthe queue server takes no hold time; restart qmail-qmqpd (#4.3.0)"
+            answer = (b"Zthe queue server takes no hold time; restart qmail-qmqpd (#4.3.0)"
+                      if not_before is not None else
+                      b"Zthe queue server cannot queue on hold; restart qmail-qmqpd (#4.3.0)")
         code = code_of(answer)
         if code == 0:
             self.pid = qmqp.qp_of(answer)
             answer = b""
         return Result(code, self.pid, answer)
 
-    def _forked(self, sender, recipients, not_before):
+    def _forked(self, sender, recipients, not_before, hold):
         try:
-            forked = ForkedQueue(self.home, not_before=not_before)
+            forked = ForkedQueue(self.home, not_before=not_before, hold=hold)
         except QueueStartError:
             return Result(None, None, b"Zqqt failure (#4.3.0)")
         try:
@@ -260,9 +273,9 @@ def _spool_failure(error):
 
 class ForkedQueue:
     """qmail-queue's code (or $QMAILQUEUE's program) in a child; not_before sets its
-    $QMAILNOTBEFORE."""
+    $QMAILNOTBEFORE, hold its $QMAILHOLD."""
 
-    def __init__(self, home, program=None, not_before=None):
+    def __init__(self, home, program=None, not_before=None, hold=False):
         import _signal
         # A parent that ignores SIGCHLD (swaks --pipe) passes that on: the child would
         # then be reaped by the kernel, waitpid would fail, and a message that was
@@ -286,6 +299,9 @@ class ForkedQueue:
             if not_before is not None:
                 from qmailpy.mess import NOT_BEFORE
                 os.environ[NOT_BEFORE] = "%d" % not_before
+            if hold:
+                from qmailpy.mess import HOLD
+                os.environ[HOLD] = "1"
             _child(home, program, msg_r, env_r, err_w, (msg_w, env_w, err_r))
         os.close(msg_r)
         os.close(env_r)

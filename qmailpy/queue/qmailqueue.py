@@ -41,7 +41,7 @@ from qmailpy.layout import SPLIT
 from qmailpy.fileio import fsync_dir as _sync_dir   # see there: exit 0 must survive a power cut
 # S1 -> S2 (pid/ file, mess/S/n, Received line + body, fsyncs) is shared with the log
 # backend's enqueue; its Failure is this program's exit, whichever step raises it.
-from qmailpy.mess import CHUNK as _CHUNK, Failure as _Exit, create_mess, fill_mess, not_before_of
+from qmailpy.mess import CHUNK as _CHUNK, Failure as _Exit, create_mess, fill_mess, hold_of, not_before_of
 
 DEATH = 86400                     # qmail-queue's self-timer (seconds)
 EXIT_TOO_MANY_RECIPIENTS = 12     # beyond control/maxrcpt or the queue's envelope bound (qmailpy.queuelimits)
@@ -128,17 +128,19 @@ def run(home, msg_fd=0, env_fd=1):
     """Queue one message; the exit code of qmail-queue (docs/protocols.md "qmail-queue interface").
 
     $QMAILNOTBEFORE (epoch seconds) holds its delivery until then; a value that is not
-    decimal digits exits 55 before anything is queued."""
+    decimal digits exits 55 before anything is queued. $QMAILHOLD=1 queues it on hold
+    (docs/queue-format.md "Hold at queueing"); any other value exits 55 too."""
     try:
         not_before = not_before_of(os.environ)
+        hold = hold_of(os.environ)
     except ValueError:
         return 55
     return run_from(home, lambda: os.read(msg_fd, _CHUNK), lambda: os.read(env_fd, _CHUNK),
-                    not_before=not_before)
+                    not_before=not_before, hold=hold)
 
 
 def run_from(home, read_message, read_envelope, uid=None, tidy=False, not_before=None,
-             resident=False, syncs=None):
+             resident=False, syncs=None, hold=False):
     """run() with the message and the envelope from two read functions.
 
     Each returns the next bytes (b"" at the end) or raises OSError. uid is the
@@ -146,12 +148,13 @@ def run_from(home, read_message, read_envelope, uid=None, tidy=False, not_before
     qmail-qmqpd passes the uid the kernel reported for its client. With tidy,
     every failure after the message file was made removes it (qmail-queue
     itself leaves S2/S3 files to the 36-hour cleanups on some failures).
-    not_before (epoch seconds) becomes the mess file's mtime. resident: the caller
+    not_before (epoch seconds) becomes the mess file's mtime; hold sets its hold bit
+    (qmailpy.mess.HOLD_MODE), which qmail-send turns into a hold. resident: the caller
     lives on after this message (setup_resident() was called once), so this
     process's signal handling is left as it is. syncs: a qmailpy.groupsync.DirSyncs
     shared with the other queueing workers, for the directory fsyncs.
     """
-    queue = _Queue(home, read_message, read_envelope, uid, not_before, resident, syncs)
+    queue = _Queue(home, read_message, read_envelope, uid, not_before, resident, syncs, hold)
     try:
         return queue.run()
     except _Exit as e:
@@ -171,9 +174,9 @@ def run_from(home, read_message, read_envelope, uid=None, tidy=False, not_before
 
 class _Queue:
     def __init__(self, home, read_message, read_envelope, uid=None, not_before=None,
-                 resident=False, syncs=None):
+                 resident=False, syncs=None, hold=False):
         self.home, self.read_message, self.read_envelope = home, read_message, read_envelope
-        self.uid, self.not_before, self.resident = uid, not_before, resident
+        self.uid, self.not_before, self.resident, self.hold = uid, not_before, resident, hold
         self.syncs = syncs
         self.mess_fd = self.intd_fd = None
         self.messfn = self.intdfn = None
@@ -246,7 +249,7 @@ class _Queue:
         # The message: Received line, then fd 0 verbatim.
         try:
             fill_mess(self.mess_fd, messdir, received, self.read_message, self.not_before,
-                      self.sync_dir(1 + n % SPLIT))
+                      self.sync_dir(1 + n % SPLIT), self.hold)
         except _Exit:
             self.cleanup()
             raise

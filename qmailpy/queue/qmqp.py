@@ -7,9 +7,10 @@ netstring(recipient)...). The answer is one netstring whose first byte is K
 netstring is LENGTH ":" BYTES ",", LENGTH in decimal without leading zeros
 (qmail-qmqpd also accepts them).
 
-On the local socket only (qmailpy's, not qmail's), a request may follow one option
-netstring, told apart by its first byte (a letter; a request's is a digit):
-netstring("notbefore=" EPOCH) holds the message's delivery until then (qmail-qmqpd(8)).
+On the local socket only (qmailpy's, not qmail's), a request may follow option
+netstrings, each told apart by its first byte (a letter; a request's is a digit):
+netstring("notbefore=" EPOCH) holds the message's delivery until then, netstring("hold")
+queues it on hold until `qmailctl queue release` (qmail-qmqpd(8)).
 
 exchange() is the client's side over a local (AF_UNIX) socket.
 """
@@ -35,30 +36,37 @@ def netstring(data):
 
 NOT_QMQP = b"Dthat is not a QMQP request (#5.5.2)"      # qmail-qmqpd's answer to a broken request
 NOT_BEFORE_OPTION = b"notbefore="
+HOLD_OPTION = b"hold"
 MAX_OPTION = 64          # bytes of an option netstring's text
+MAX_OPTIONS = 2          # option netstrings in one request: each kind at most once
 
 
-def request(message, sender, recipients, not_before=None):
-    """The request's bytes; not_before (epoch seconds) adds the local socket's option."""
-    head, tail = frame(len(message), sender, recipients, not_before)
+def request(message, sender, recipients, not_before=None, hold=False):
+    """The request's bytes; not_before (epoch seconds) and hold add the local socket's options."""
+    head, tail = frame(len(message), sender, recipients, not_before, hold)
     return head + message + tail
 
 
-def frame(size, sender, recipients, not_before=None):
+def frame(size, sender, recipients, not_before=None, hold=False):
     """(head, tail): what goes before and after a message of size bytes in its request,
     so that the message itself can be sent from wherever it is held."""
-    option = b"" if not_before is None else netstring(NOT_BEFORE_OPTION + b"%d" % not_before)
+    options = b"" if not_before is None else netstring(NOT_BEFORE_OPTION + b"%d" % not_before)
+    if hold:
+        options += netstring(HOLD_OPTION)
     envelope = netstring(sender) + b"".join(netstring(r) for r in recipients)
     inner = len(b"%d" % size) + 1 + size + 1 + len(envelope)
-    return option + b"%d:%d:" % (inner, size), b"," + envelope + b","
+    return options + b"%d:%d:" % (inner, size), b"," + envelope + b","
 
 
 def parse_option(text):
-    """Epoch seconds from an option netstring's text; ValueError if it is not one."""
+    """(name, value) of an option netstring's text: ("notbefore", epoch seconds) or
+    ("hold", True); ValueError if it is neither."""
+    if text == HOLD_OPTION:
+        return "hold", True
     value = text[len(NOT_BEFORE_OPTION):]
     if not text.startswith(NOT_BEFORE_OPTION) or not value.isdigit() or len(value) > 12:
         raise ValueError(text)
-    return int(value)
+    return "notbefore", int(value)
 
 
 def parse_answer(data):

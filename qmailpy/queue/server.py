@@ -31,7 +31,7 @@ import time
 from qmailpy.workerserver import DEFAULT_MAX_IDLE, DEFAULT_MAX_USE, REFUSED, WorkerServer, default_reserved
 from qmailpy.mess import MAX_HOLD
 from qmailpy.queue.client import ADDRESS_REFUSED, explain
-from qmailpy.queue.qmqp import MAX_OPTION, NOT_QMQP, netstring, parse_option
+from qmailpy.queue.qmqp import MAX_OPTION, MAX_OPTIONS, NOT_QMQP, netstring, parse_option
 from qmailpy.sizelimits import LOCAL_CONTROL, NETWORK_CONTROL
 
 DEFAULT_LIMIT = 40            # requests served at once; more connections wait in the backlog
@@ -83,6 +83,7 @@ class Request:
         self.records = 0          # envelope records handed out so far
         self.failure = None
         self.not_before = None    # epoch seconds, from the local socket's option
+        self.hold = False         # the local socket's "hold" option: queued on hold
 
     def fail(self, answer):
         if self.failure is None:
@@ -153,23 +154,30 @@ class Request:
 
     def read_head(self, databytes, options=False):
         """The outer length and the message's; R_SIZE (after reading the rest) if the
-        message is longer than databytes (0: no limit). options: a "notbefore=" netstring
-        may come first (qmailpy.queue.qmqp; local socket only)."""
+        message is longer than databytes (0: no limit). options: "notbefore=" and "hold"
+        netstrings may come first, each once (qmailpy.queue.qmqp; local socket only)."""
         self.left = self._length(counted=False)
-        if options and not self._peek().isdigit():
-            if self.left > MAX_OPTION:
+        seen = set()
+        while options and not self._peek().isdigit():
+            if self.left > MAX_OPTION or len(seen) >= MAX_OPTIONS:
                 self.fail(R_SYNTAX)
             try:
-                not_before = parse_option(self._take(self.left))
+                name, value = parse_option(self._take(self.left))
             except ValueError:
                 self.fail(R_SYNTAX)
+            if name in seen:
+                self.fail(R_SYNTAX)
+            seen.add(name)
             self._comma(counted=False)
-            now = time.time()
-            if not_before - now > MAX_HOLD:
-                self.fail(R_HOLD)
-            # a time already come is no hold: the mess file keeps its real mtime (metrics'
-            # oldest message reads it)
-            self.not_before = not_before if not_before > now else None
+            if name == "hold":
+                self.hold = True
+            else:
+                now = time.time()
+                if value - now > MAX_HOLD:
+                    self.fail(R_HOLD)
+                # a time already come is no hold: the mess file keeps its real mtime
+                # (metrics' oldest message reads it)
+                self.not_before = value if value > now else None
             self.left = self._length(counted=False)
         self.message_left = self._length()
         self._count(self.message_left + 1)          # the message and its comma fit inside
@@ -234,7 +242,7 @@ def peer_uid(conn):
 
 def handle(home, conn, uid, timeout, syncs=None, local=False, size_limit=None, pace=None):
     """Read, queue and answer one request in a worker; the exit status. local: from the
-    local socket, whose requests may carry a not-before time. size_limit: the control
+    local socket, whose requests may carry a not-before time and a hold. size_limit: the control
     file holding the largest message size (absent or 0: no limit), or None for none.
     pace: (grace seconds, bytes per second) the request must arrive at (LOCAL_PACE)."""
     from qmailpy.home import ControlError
@@ -253,7 +261,8 @@ def handle(home, conn, uid, timeout, syncs=None, local=False, size_limit=None, p
             pass
         else:
             code = run_from(home, request.read_message, request.read_envelope, uid, tidy=True,
-                            not_before=request.not_before, resident=True, syncs=syncs)
+                            not_before=request.not_before, resident=True, syncs=syncs,
+                            hold=request.hold)
     if request.failure is not None:
         answer = request.failure
     elif code == 0:

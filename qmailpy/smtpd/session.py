@@ -639,14 +639,21 @@ class Session:
         finally:
             spool.close()
 
-    def queue_client(self):
+    def queue_client(self, hold=False):
         from qmailpy.queue.client import QueueClient
-        return QueueClient(self.home, self.environ, prefer_server=True, not_before=self.hold_until)
+        return QueueClient(self.home, self.environ, prefer_server=True, not_before=self.hold_until,
+                           hold=hold)
 
-    def queue(self, write, sender, recipients):
-        """The reply to queueing what write(sink) puts out (the milters' path)."""
+    def queue(self, write, sender, recipients, hold=False):
+        """The reply to queueing what write(sink) puts out (the milters' path); hold: queued
+        on hold (a milter's quarantine), or 451 where the hold cannot reach the queue."""
+        if hold:
+            from qmailpy.queue.client import hold_reaches_queue
+            if not hold_reaches_queue(self.home, self.environ):
+                from qmailpy.milter.filters import R_QUARANTINE
+                return R_QUARANTINE
         try:
-            qq = self.queue_client()
+            qq = self.queue_client(hold)
         except OSError:
             return R_QQT
         try:

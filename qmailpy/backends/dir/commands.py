@@ -59,8 +59,10 @@ class DirCommands:
     def delete_queued(self, n):
         """What an interrupted preprocessing left (channel files, info/) first, so that a
         crash on the way never leaves a message that looks preprocessed without its todo;
-        then todo/n and intd/n, and the body, through qmail-clean (their owner's)."""
+        then todo/n and intd/n, and the body, through qmail-clean (their owner's). A hold/n
+        that preprocessing wrote before it was interrupted goes first."""
         state = self.state
+        self.holds.drop(n)
         for kind in CHANNELS + ("info",):
             left = rel(kind, n)
             if state.unlink_quietly(left):

@@ -8,26 +8,41 @@ Interface: DirPreprocessor(state, scanner) with a DirState (state.py) and a DirS
 and mess/S/n's size; creates and fsyncs info/S/n and the channel files, fsyncs their
 directories, unlinks what an earlier life of the number left, and asks qmail-clean
 (state.cleaner) to remove todo/n. Returns Preprocessed (base.py); owns nothing.
+A message whose mess file carries the hold bit of its queueing (qmailpy.mess.HOLD_MODE,
+docs/queue-format.md "Hold at queueing") gets its hold/n (holds.py) after its info and
+channel files are durable and before todo/n goes: no delivery of it can start unheld.
 """
 import os
 
 from qmailpy import envelope, logline
 from qmailpy.backends.base import Preprocessed, QueueError
+from qmailpy.backends.dir.holds import DirHolds
 from qmailpy.backends.dir.state import rel
 from qmailpy.fileio import fsync_dir, write_all
 from qmailpy.layout import CHANNELS
+from qmailpy.mess import hold_asked
 
 
 class DirPreprocessor:
     def __init__(self, state, scanner):
         self.state = state
         self.scanner = scanner
+        self.holds = DirHolds(state)     # keeps nothing of its own: state.held is the memory
+        self.hold_asked = set()          # numbers _prepare found with the hold bit
 
     def preprocess(self, n, route, announce=None):
         prepared = self._prepare(n, route, announce)
         self._commit(prepared)
         self._sync_dirs([prepared])
+        self._hold([prepared])
         return self._clean_todo(prepared)
+
+    def _hold(self, committed):
+        """hold/n of each message whose queueing asked a hold; QueueError if one fails."""
+        for result, _ in committed:
+            if result.n in self.hold_asked:
+                self.holds.hold(result.n)
+                self.hold_asked.discard(result.n)
 
     def preprocess_batch(self, numbers, route, announce=None):
         """preprocess() for several messages at once: [(n, Preprocessed or QueueError)].
@@ -56,6 +71,14 @@ class DirPreprocessor:
         except QueueError as e:
             results.extend((p[0].n, e) for p in committed)
             committed = []
+        unheld = []
+        for prepared in committed:
+            try:
+                self._hold([prepared])
+                unheld.append(prepared)
+            except QueueError as e:         # todo/n stays: tried again at the next scan
+                results.append((prepared[0].n, e))
+        committed = unheld
         if committed:
             names = [rel("todo", p[0].n) for p in committed]
             if self.state.cleaner is None:
@@ -176,11 +199,12 @@ class DirPreprocessor:
             os.close(fd)
         mess_rel = rel("mess", n)
         try:
-            size = os.stat(self.state.path(mess_rel)).st_size
+            mess_stat = os.stat(self.state.path(mess_rel))
         except FileNotFoundError:
             self._drop_ended_todo(n, mess_rel)
         except OSError:
             raise QueueError("unable to stat %s" % mess_rel)
+        size = mess_stat.st_size
         fds = {}
         try:
             try:
@@ -226,6 +250,10 @@ class DirPreprocessor:
                 os.close(fd)
             raise
         channels = tuple(c for c in CHANNELS if c in chan_data)
+        if channels and hold_asked(mess_stat.st_mode):
+            self.hold_asked.add(n)
+        else:
+            self.hold_asked.discard(n)
         return Preprocessed(n, sender, size, pid, uid, None, channels), fds
 
     @staticmethod

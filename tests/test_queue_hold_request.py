@@ -1,0 +1,84 @@
+"""A hold asked at queueing (docs/queue-format.md "Hold at queueing"): qmail-queue's
+$QMAILHOLD=1 and the local QMQP socket's "hold" option set the owner-execute bit of the
+mess file, synced before the envelope is written; a running qmail-send turns it into its
+own hold as it preprocesses the message (`hold msg N`, hold/N or the PREPROCESSED record's
+held bit), delivers nothing of it, and `qmailctl queue release` lets it go."""
+import os
+import re
+import stat
+
+import pytest
+
+from delivery_support import maildir_messages, wait_maildir
+from lspawn_harness import LocalUsers
+from qmqpd_harness import QmqpServer, ask, netstring, request
+from queue_commands_support import ctl
+from queue_view import queued
+from send_harness import Daemons
+
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
+
+
+def mess_mode(home, n):
+    return stat.S_IMODE(os.stat(os.path.join(home.queue, "mess", str(n % 23), str(n))).st_mode)
+
+
+def starts_of(daemons, n):
+    return [l for l in daemons.lines() if re.match(r"starting delivery \d+: msg %d " % n, l)]
+
+
+def held_then_released(home, joe, held, free_subject):
+    """With a message `free_subject` queued after the held one: qmail-send holds `held`,
+    delivers the free one and nothing of `held`, until its release delivers it."""
+    daemons = Daemons(home).start()
+    try:
+        daemons.wait_line(r"^hold msg %d$" % held)
+        daemons.wait_line(r"^end msg ")
+        assert starts_of(daemons, held) == []
+        [got] = maildir_messages(os.path.join(joe, "Maildir"))
+        assert b"Subject: %s\n" % free_subject in got
+        listing = home.run(["qmailctl", "queue", "list", "--home", home.path, str(held)])
+        assert re.search(rb"#%d  \d+  <a@b\.example>  held\n" % held, listing.stdout), listing.stdout
+        assert ctl(home, "release", str(held)).stdout == b"%d: released\n" % held
+        assert len(wait_maildir(os.path.join(joe, "Maildir"), 2)) == 2
+        daemons.wait_line(r"^end msg %d$" % held)
+        assert "release msg %d" % held in daemons.lines()
+    finally:
+        daemons.kill()
+
+
+def test_qmailhold_queues_a_message_on_hold(qmail_home):
+    joe = LocalUsers(qmail_home).add("joe")
+    env = dict(qmail_home.env, QMAILHOLD="1")
+    done = qmail_home.queue_message(b"Subject: held\n\nkept\n", b"a@b.example", [b"joe@test.example"], env)
+    assert done.returncode == 0, done.stderr
+    [msg] = queued(qmail_home)
+    assert mess_mode(qmail_home, msg.n) == 0o744
+    free = qmail_home.queue_message(b"Subject: free\n\nfree\n", b"a@b.example", [b"joe@test.example"])
+    assert free.returncode == 0
+    assert mess_mode(qmail_home, max(m.n for m in queued(qmail_home) if m.n != msg.n)) == 0o644
+    held_then_released(qmail_home, joe, msg.n, b"free")
+
+
+def test_a_bad_qmailhold_queues_nothing(qmail_home):
+    for value in ("yes", "", "0"):
+        env = dict(qmail_home.env, QMAILHOLD=value)
+        done = qmail_home.queue_message(b"Subject: x\n\nx\n", b"a@b.example", [b"joe@test.example"], env)
+        assert done.returncode == 55, value
+    assert queued(qmail_home) == []
+
+
+def test_the_local_socket_carries_a_hold(qmail_home):
+    joe = LocalUsers(qmail_home).add("joe")
+    with QmqpServer(qmail_home, "-t", "10") as server:
+        held = request(b"Subject: held\n\nkept\n", b"a@b.example", [b"joe@test.example"], hold=True)
+        assert held.startswith(netstring(b"hold"))
+        assert ask(server.socket, held).startswith(b"Kok ")
+        body = request(b"m\n", b"a@b.example", [b"joe@test.example"])
+        twice = netstring(b"hold") + netstring(b"hold") + body
+        assert ask(server.socket, twice) == b"Dthat is not a QMQP request (#5.5.2)"
+        free = request(b"Subject: free\n\nfree\n", b"a@b.example", [b"joe@test.example"])
+        assert ask(server.socket, free).startswith(b"Kok ")
+    modes = {m.mess.split(b"Subject: ")[1][:4]: (m.n, mess_mode(qmail_home, m.n)) for m in queued(qmail_home)}
+    assert {k: mode for k, (_, mode) in modes.items()} == {b"held": 0o744, b"free": 0o644}
+    held_then_released(qmail_home, joe, modes[b"held"][0], b"free")
