@@ -12,8 +12,7 @@ from pyspark import StorageLevel
 from pyspark.sql import types as T
 
 from qmailpy import snapshot_format
-from qmailpy.ctl.daemons import SEND_LOG
-from qmailpy.ctl.logwriter import log_set
+from qmailpy.logfiles import SEND_LOG, log_set
 from qmailpy.states import DEFAULT_QUEUELIFETIME
 from qmailpy_audit import inputs as inputs_mod
 from qmailpy_audit import fleet as fleet_mod

@@ -24,7 +24,7 @@ import bisect
 import math
 
 from qmailpy import states
-from qmailpy.send.schedule import SKIP
+from qmailpy.retry import SKIP
 from qmailpy.states import DEFAULT_QUEUELIFETIME
 
 LOGGER = "qmail-send"          # the program whose log we read: its moves are all logged
@@ -39,7 +39,7 @@ EVENT_NAMES = {"new": "new msg", "info": "info msg", "start": "starting delivery
 QUEUED_KINDS = ("setaside", "delete")
 BIRTH_MATCH = 2.0              # seconds between a `new msg` line and info/ mtime
 
-# qmail-send's retry schedule (docs/qmail-send.md "Scheduling and retries"; send/schedule.py's SKIP:
+# qmail-send's retry schedule (docs/qmail-send.md "Scheduling and retries"; qmailpy/retry.py's SKIP:
 # channel -> skip). A pass is due at
 # birth + (skip * k)^2 on time, or birth + (isqrt(age at the last pass) + skip)^2
 # after an off-schedule pass (ALRM); the first pass after birth + queuelifetime

@@ -14,7 +14,7 @@ from inotify_simple import INotify, flags
 
 from conftest import make_home
 from ctl_support import ctl
-from qmailpy.ctl.daemons import SEND_LOG
+from qmailpy.logfiles import SEND_LOG
 
 TIMEOUT = 60
 

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from qmailpy.ctl.logwriter import log_set
+from qmailpy.logfiles import log_set
 
 pytestmark = pytest.mark.slow
 

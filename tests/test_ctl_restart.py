@@ -18,7 +18,7 @@ from ctl_support import ctl, free_port, running_in
 from delivery_support import wait_maildir
 from lspawn_harness import LocalUsers
 from qmailpy.ctl.daemons import QMQPD_PID, SEND_PID
-from qmailpy.ctl.logwriter import log_set
+from qmailpy.logfiles import log_set
 from root_paths_support import as_attacker, unchanged, victim  # noqa: F401 (fixture)
 from smtpd_support import TIMEOUT
 from smtpd_tls_support import certs, tls_home  # noqa: F401 (fixtures)

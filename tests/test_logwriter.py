@@ -5,7 +5,7 @@ import re
 import subprocess
 import sys
 
-from qmailpy.ctl.logwriter import log_set
+from qmailpy.logfiles import log_set
 
 STAMPED = re.compile(rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z line (\d+) x+$")
 

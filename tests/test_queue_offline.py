@@ -9,7 +9,8 @@ import pytest
 
 from queue_view import leftovers, queued
 from qmailpy import logline
-from qmailpy.ctl.logwriter import MIN_SIZE, iso_now, log_set
+from qmailpy.ctl.logwriter import MIN_SIZE, iso_now
+from qmailpy.logfiles import log_set
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ import pytest
 
 from qmailpy.send.bounce import bounce_base, bounce_envelope, bounce_message
 from qmailpy.send.rewrite import Rewriter
-from qmailpy.send.schedule import is_dying, next_retry
+from qmailpy.retry import is_dying, next_retry
 from shared_data import data_file
 
 SECOND_ALRM = 1795323291        # data/README.md: the last pass of every message still queued

@@ -1,14 +1,5 @@
 """Queue backends: 'dir' (qmail's own layout) and 'log' (log-structured), chosen by control/queuebackend."""
-from qmailpy.home import control_value
-
-BACKENDS = ("dir", "log")
-
-
-def backend_name(home):
-    name = (control_value(home, "queuebackend", b"dir") or b"dir").decode("ascii", "replace").strip()
-    if name not in BACKENDS:
-        raise ValueError("control/queuebackend names unknown backend %r" % name)
-    return name
+from qmailpy.queuebackend import BACKENDS, backend_name  # noqa: F401  (defined in the core)
 
 
 def open_backend(home, **options):

@@ -36,14 +36,12 @@ import subprocess
 import sys
 import time
 
+from qmailpy.logfiles import LOG_DIR, QMQPD_LOG, SEND_LOG, SMTPD_LOG, SUBMISSION_LOG, log_set
+
 HELP = "run the daemons of a home (start, stop, stat, doqueue, reload, queue)"
-SEND_LOG = "qmail-send.log"
-SMTPD_LOG = "qmail-smtpd.log"
 SEND_PID = "qmail-send.pid"
 SMTPD_PID = "qmail-smtpd.pid"
-QMQPD_LOG = "qmail-qmqpd.log"
 QMQPD_PID = "qmail-qmqpd.pid"
-SUBMISSION_LOG = "qmail-submission.log"
 SUBMISSION_PID = "qmail-submission.pid"
 START_TIMEOUT = 15
 STOP_TIMEOUT = 60
@@ -71,7 +69,7 @@ def _home(args):
 
 
 def _logdir(home):
-    path = os.path.join(home, "log")
+    path = os.path.join(home, LOG_DIR)
     os.makedirs(path, mode=0o755, exist_ok=True)
     return path
 
@@ -127,7 +125,7 @@ def _read_pid(home, name):
     would wait for ever) or a link to a file of root's."""
     from qmailpy import nofollow
     try:
-        dfd = nofollow.open_path(home, "log")
+        dfd = nofollow.open_path(home, LOG_DIR)
         try:
             fd = nofollow.open_file(name, dfd)
         finally:
@@ -241,7 +239,6 @@ def running_send(home):
 
 def _log_positions(logdir, logname):
     """{inode: size} of the log's files now: what is written later is past these."""
-    from qmailpy.ctl.logwriter import log_set
     positions = {}
     for path in log_set(logdir, logname):
         try:
@@ -255,7 +252,6 @@ def _log_positions(logdir, logname):
 def _written_since(logdir, logname, positions):
     """What the log's files hold beyond positions: a file rotated away counts from
     where it was, a file new since then (a rotation, even on the first line) whole."""
-    from qmailpy.ctl.logwriter import log_set
     chunks = []
     for path in log_set(logdir, logname):
         try:
@@ -309,7 +305,7 @@ def _remove_pid(home, daemon, pid=None):
     if pid is not None and _read_pid(home, daemon.pidname) != pid:
         return
     try:
-        dfd = nofollow.open_path(home, "log")
+        dfd = nofollow.open_path(home, LOG_DIR)
     except OSError:
         return
     try:
@@ -422,7 +418,7 @@ def _lock(home, create=True):
     import fcntl
     from qmailpy import nofollow
     try:
-        dfd = nofollow.open_path(home, "log")
+        dfd = nofollow.open_path(home, LOG_DIR)
     except FileNotFoundError:
         if create:
             raise
@@ -560,7 +556,7 @@ def _name(proc):
 
 def stop(args):
     home = _home(args)
-    logdir = os.path.join(home, "log")
+    logdir = os.path.join(home, LOG_DIR)
     try:
         lock = _lock(home, create=False)
     except OSError as e:

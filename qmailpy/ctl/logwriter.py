@@ -16,12 +16,12 @@ write fails otherwise) it pauses and tries again every PAUSE seconds. Meanwhile
 the pipe fills and the daemon waits on its next log line: qmail-send stops
 rather than deliver mail its log would not record.
 """
-import calendar
 import fcntl
 import os
 import time
 
 from qmailpy import nofollow
+from qmailpy.logfiles import LOG_DIR, log_names, rotated_name, stamp_time
 
 LOG_MODE = 0o640
 PAUSE = 1               # seconds between attempts while writing fails (multilog's pause)
@@ -35,41 +35,6 @@ MIN_SIZE = 4096
 def iso_now(t=None):
     t = time.time() if t is None else t
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%06dZ" % int((t % 1) * 1e6)
-
-
-def rotated_name(name, t):
-    """NAME.log rotated at time t: NAME.@YYYYMMDDTHHMMSS.ffffffZ.log."""
-    stem = name[:-len(".log")] if name.endswith(".log") else name
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t)) + ".%06dZ" % int((t % 1) * 1e6)
-    return "%s.@%s.log" % (stem, stamp)
-
-
-def _stamp_time(rotated):
-    """The time a rotated name carries, one microsecond on (0 when unreadable)."""
-    try:
-        stamp = rotated.rsplit(".@", 1)[1][:-len("Z.log")]
-        whole, micro = stamp.split(".")
-        return calendar.timegm(time.strptime(whole, "%Y%m%dT%H%M%S")) + (int(micro) + 1) / 1e6
-    except (IndexError, ValueError):
-        return 0
-
-
-def log_set(logdir, name):
-    """Paths of NAME.log's rotated files, oldest first, then NAME.log itself if present."""
-    try:
-        return [os.path.join(logdir, n) for n in _log_names(os.listdir(logdir), name)]
-    except FileNotFoundError:
-        return []
-
-
-def _log_names(names, name):
-    """log_set's names, from the directory's names."""
-    stem = name[:-len(".log")] if name.endswith(".log") else name
-    prefix = stem + ".@"
-    found = sorted(n for n in names if n.startswith(prefix) and n.endswith(".log"))
-    if name in names:
-        found.append(name)
-    return found
 
 
 def read_number(name, dir_fd, default, minimum):
@@ -191,17 +156,17 @@ class RotatingLog:
     def rotate(self):
         persist(lambda: os.fsync(self.fd))
         os.close(self.fd)
-        rotated = _log_names(os.listdir(self.dfd), self.name)[:-1]
+        rotated = log_names(os.listdir(self.dfd), self.name)[:-1]
         newest = os.path.basename(rotated[-1]) if rotated else ""
         t = time.time()
         # never onto an existing name (two rotations in one microsecond), never
         # sorting before an older file (a clock stepped back)
         while rotated_name(self.name, t) <= newest:
-            t = max(t + 1e-6, _stamp_time(newest))
+            t = max(t + 1e-6, stamp_time(newest))
         target = rotated_name(self.name, t)
         persist(lambda: os.rename(self.name, target, src_dir_fd=self.dfd, dst_dir_fd=self.dfd))
         self._open()
-        for old in _log_names(os.listdir(self.dfd), self.name)[:-1][:-self.count]:
+        for old in log_names(os.listdir(self.dfd), self.name)[:-1][:-self.count]:
             try:
                 os.unlink(old, dir_fd=self.dfd)
             except FileNotFoundError:
@@ -278,12 +243,12 @@ def open_for_append(home, name):
     size, count = limits(home)
     hfd = nofollow.open_home(home)
     try:
-        os.mkdir("log", 0o755, dir_fd=hfd)           # as qmailctl start makes it
+        os.mkdir(LOG_DIR, 0o755, dir_fd=hfd)           # as qmailctl start makes it
     except FileExistsError:
         pass
     finally:
         os.close(hfd)
-    return RotatingLog(os.path.join(home, "log", name), size, count, wait=False)
+    return RotatingLog(os.path.join(home, LOG_DIR, name), size, count, wait=False)
 
 
 def main(argv):

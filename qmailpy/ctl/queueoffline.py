@@ -77,7 +77,7 @@ def run(args):
     if wanted.numbers is None and not any(getattr(wanted, f) is not None for f in queueact._FILTERS):
         return None                              # queueact says what is wrong
     from qmailpy import logline
-    from qmailpy.ctl.daemons import SEND_LOG
+    from qmailpy.logfiles import SEND_LOG
     from qmailpy.ctl.logwriter import open_for_append, stamped
     home = qmail_home(args.home)
     try:

@@ -17,6 +17,8 @@ import os
 import shlex
 import sys
 
+from qmailpy.logfiles import LOG_DIR, QMQPD_LOG, SEND_LOG, SMTPD_LOG, SUBMISSION_LOG
+
 HELP = "write daemontools/runit service directories for the home's daemons"
 MARK = "# Written by qmailctl services (qmailpy.ctl.services)"
 
@@ -33,13 +35,12 @@ def add_arguments(parser, name):
 
 def services(args):
     """[(service name, log name, argv, extra environment)] for this call."""
-    from qmailpy.ctl import daemons
-    wanted = [("qmail-qmqpd", daemons.QMQPD_LOG, ["qmail-qmqpd"], {}),
-              ("qmail-send", daemons.SEND_LOG, ["qmail-start", args.defaultdelivery], {})]
+    wanted = [("qmail-qmqpd", QMQPD_LOG, ["qmail-qmqpd"], {}),
+              ("qmail-send", SEND_LOG, ["qmail-start", args.defaultdelivery], {})]
     if args.smtp:
-        wanted.append(("qmail-smtpd", daemons.SMTPD_LOG, ["qmail-smtpd-listen", args.smtp], {}))
+        wanted.append(("qmail-smtpd", SMTPD_LOG, ["qmail-smtpd-listen", args.smtp], {}))
     if args.submission:
-        wanted.append(("qmail-submission", daemons.SUBMISSION_LOG, ["qmail-smtpd-listen", args.submission],
+        wanted.append(("qmail-submission", SUBMISSION_LOG, ["qmail-smtpd-listen", args.submission],
                        {"SMTPAUTH": "!"}))
     return wanted
 
@@ -67,7 +68,7 @@ def log_script(home, logname):
     code = "import sys; sys.path.extend(%r); from qmailpy.ctl.logwriter import main; sys.exit(main(sys.argv))" % (
         package_paths(),)
     size, count = limits(home)
-    argv = [sys.executable, "-IS", "-c", code, os.path.join(home, "log", logname), str(size), str(count),
+    argv = [sys.executable, "-IS", "-c", code, os.path.join(home, LOG_DIR, logname), str(size), str(count),
             os.path.join(home, "control")]
     return "#!/bin/sh\n%s: the service's log.\nexec %s\n" % (MARK, " ".join(shlex.quote(a) for a in argv))
 
@@ -90,7 +91,7 @@ def run(args):
         return 1
     base = os.path.abspath(args.dir)
     try:
-        os.makedirs(os.path.join(home, "log"), 0o755, exist_ok=True)
+        os.makedirs(os.path.join(home, LOG_DIR), 0o755, exist_ok=True)
         for name, logname, argv, extra in services(args):
             service = os.path.join(base, name)
             os.makedirs(os.path.join(service, "log"), 0o755, exist_ok=True)

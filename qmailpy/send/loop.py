@@ -19,12 +19,12 @@ import select
 import signal
 import time
 
-from qmailpy import logline, trigger
+from qmailpy import logline, retry, trigger
 from qmailpy.backends.base import SLEEP_SYSFAIL, QueueError, SetAside
 from qmailpy.send.clean import CleanClient, CleanerLost
 from qmailpy.envelope import bounce_note
 from qmailpy.queuelimits import bounce_text
-from qmailpy.send import bounce, metrics, schedule
+from qmailpy.send import bounce, metrics
 from qmailpy.send.channel import Channel, Delivery, Job
 from qmailpy.send.commands import CommandDesk
 from qmailpy.send.throttle import Gate
@@ -501,8 +501,8 @@ class QmailSend:
             self.warn("trouble opening %s; will try again later" % self.backend.channel_file(n, ch.name))
             ch.schedule(self.now + SLEEP_SYSFAIL, n)
             return False
-        job = Job(n, schedule.next_retry(birth, self.now, ch.name), sender,
-                  schedule.is_dying(birth, self.now, self.controls.lifetime), birth)
+        job = Job(n, retry.next_retry(birth, self.now, ch.name), sender,
+                  retry.is_dying(birth, self.now, self.controls.lifetime), birth)
         parked = self.gate.take(ch.name, n)
         if parked is not None:          # its pass before was held back in part: go on with it
             job.only, job.retry = parked.indexes, parked.retry
@@ -686,17 +686,9 @@ class QmailSend:
         """Schedule a preprocessed message's channels (or its completion).
 
         Its `new msg` and `info msg` lines were logged while it was preprocessed. A
-        message held until a not-before time goes back to the backend, due then; so does
-        one its queueing asked to hold (docs/queue-format.md "Hold at queueing"), which the
-        backend made held, on disk, before preprocessing ended: it keeps it from delivery
-        until `qmailctl queue release`."""
+        message held until a not-before time goes back to the backend, due then."""
         now = int(time.time())
         not_before = self.not_before(n, now) if p.channels else None
-        held = bool(p.channels) and self.backend.is_held(n)
-        if held:
-            self.log(logline.command_msg("hold", n))
-            if not_before is None:
-                not_before = now
         for name in p.channels:
             if not_before is None:
                 self.by_name[name].schedule(now, n)
@@ -705,8 +697,7 @@ class QmailSend:
                 self.backend.reschedule(n, name, not_before)
             except QueueError as e:
                 self.warn(str(e))
-                if not held:                # a held one waits for its release, not here
-                    self.by_name[name].schedule(not_before, n)
+                self.by_name[name].schedule(not_before, n)
         if not p.channels:
             heapq.heappush(self.pqdone, (now, n))
 

@@ -1,4 +1,7 @@
-"""qmail's retry schedule (docs/qmail-send.md "Scheduling and retries"): retry = birth + (floor(sqrt(now - birth)) + skip)^2."""
+"""qmail's retry schedule (docs/qmail-send.md "Scheduling and retries"): retry = birth + (floor(sqrt(now - birth)) + skip)^2.
+
+qmail-send schedules by it and qmail-audit checks observed passes against it.
+"""
 from math import isqrt
 
 SKIP = {"local": 10, "remote": 20}
