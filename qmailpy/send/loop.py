@@ -686,9 +686,17 @@ class QmailSend:
         """Schedule a preprocessed message's channels (or its completion).
 
         Its `new msg` and `info msg` lines were logged while it was preprocessed. A
-        message held until a not-before time goes back to the backend, due then."""
+        message held until a not-before time goes back to the backend, due then; so does
+        one its queueing asked to hold (docs/queue-format.md "Hold at queueing"), which the
+        backend made held, on disk, before preprocessing ended: it keeps it from delivery
+        until `qmailctl queue release`."""
         now = int(time.time())
         not_before = self.not_before(n, now) if p.channels else None
+        held = bool(p.channels) and self.backend.is_held(n)
+        if held:
+            self.log(logline.command_msg("hold", n))
+            if not_before is None:
+                not_before = now
         for name in p.channels:
             if not_before is None:
                 self.by_name[name].schedule(now, n)
@@ -697,7 +705,8 @@ class QmailSend:
                 self.backend.reschedule(n, name, not_before)
             except QueueError as e:
                 self.warn(str(e))
-                self.by_name[name].schedule(not_before, n)
+                if not held:                # a held one waits for its release, not here
+                    self.by_name[name].schedule(not_before, n)
         if not p.channels:
             heapq.heappush(self.pqdone, (now, n))
 
