@@ -17,7 +17,7 @@ import statistics
 import tempfile
 import time
 
-from qmailpy.backends.logrecords import HEADER_SIZE, encode_envelope, segment_header, valid_end
+from qmailpy.backends.log.records import HEADER_SIZE, encode_envelope, segment_header, valid_end
 
 
 def scan(path):

@@ -77,8 +77,8 @@ def _worker(home, backend, count, report_w):
             if code:
                 os._exit(code)
     else:
-        from qmailpy.backends.logcommit import LogWriter
-        from qmailpy.backends.logenqueue import enqueue
+        from qmailpy.backends.log.commit import LogWriter
+        from qmailpy.backends.log.enqueue import enqueue
         import importlib
         for name in ("qmailpy.envelope", "qmailpy.trigger"):
             importlib.import_module(name)          # while still root: the interpreter may be unreadable after
@@ -169,7 +169,7 @@ def send_side(backend_name, messages):
                                      stdout=subprocess.PIPE, env=dict(os.environ, QMAILHOME=home))
             backend = DirQueue(home, cleaner=CleanClient(clean.stdin.fileno(), clean.stdout.fileno()))
         else:
-            from qmailpy.backends.logqueue import LogQueue
+            from qmailpy.backends.log.queue import LogQueue
             backend = LogQueue(home)
             backend.startup()
         ns = backend.new_work()
@@ -207,8 +207,8 @@ def bench_send(args):
 
 def build_log(home, count, far=10**9):
     """`count` deferred messages (one live REPLACEMENT each), then a checkpoint."""
-    from qmailpy.backends import logrecords as R
-    from qmailpy.backends.logcommit import LogWriter
+    from qmailpy.backends.log import records as R
+    from qmailpy.backends.log.commit import LogWriter
     writer = LogWriter(os.path.join(home, "queue", "log"))
     now = int(time.time())
     batch = []
@@ -229,7 +229,7 @@ def build_log(home, count, far=10**9):
 MEMORY_CHILD = r"""
 import os, sys, time, psutil
 sys.path.insert(0, sys.argv[2])
-from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.log.queue import LogQueue
 home = sys.argv[1]
 lq = LogQueue(home)
 t = time.perf_counter()
@@ -267,8 +267,8 @@ def bench_memory(args):
 WORK_CHILD = r"""
 import os, sys
 sys.path.insert(0, sys.argv[2])
-from qmailpy.backends.logqueue import LogQueue
-from qmailpy.backends.logenqueue import enqueue
+from qmailpy.backends.log.queue import LogQueue
+from qmailpy.backends.log.enqueue import enqueue
 home = sys.argv[1]
 lq = LogQueue(home)
 lq.startup()
@@ -291,7 +291,7 @@ RECOVER_CHILD = r"""
 import sys, time
 sys.path.insert(0, sys.argv[2])
 t = time.perf_counter()
-from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.log.queue import LogQueue
 lq = LogQueue(sys.argv[1])
 lq.recover()
 t1 = time.perf_counter()
@@ -370,7 +370,7 @@ def bench_restart(args):
 # --- CRC-32C ----------------------------------------------------------------------
 
 def bench_crc(args):
-    from qmailpy.backends import logrecords as R
+    from qmailpy.backends.log import records as R
     data = os.urandom(150)
     for name, fn in (("crc32c package", R._crc32c_native), ("pure Python", R.crc32c_python)):
         if fn is None:

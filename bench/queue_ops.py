@@ -62,8 +62,8 @@ def make_home(backend):
 
 
 def fill_log(home, count, first=1000000, preprocess=True):
-    from qmailpy.backends import logrecords as R
-    from qmailpy.backends.logcommit import LogWriter
+    from qmailpy.backends.log import records as R
+    from qmailpy.backends.log.commit import LogWriter
     writer = LogWriter(os.path.join(home, "queue", "log"))
     now = int(time.time())
     for start in range(0, count, BATCH):
@@ -107,7 +107,7 @@ def fill_dir(home, count):
 RECOVER = r"""
 import sys, time
 sys.path.insert(0, sys.argv[2])
-from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.log.queue import LogQueue
 lq = LogQueue(sys.argv[1])
 t = time.perf_counter()
 lq.recover()

@@ -4,7 +4,7 @@ qmail-qmqpd's queueing workers each link a new todo/n (and mess/S/n) and must
 fsync the directory before they answer (qmailpy.fileio.fsync_dir). When several
 link at once, one fsync of the directory started after all their links makes all
 of them durable: this is the directory backend's group commit, the same rule as
-the log backend's (qmailpy.backends.logcommit).
+the log backend's (qmailpy.backends.log.commit).
 
 The workers share a small file that their server opened before forking them (an
 unlinked temporary file, so nothing is left in the queue): for each directory

@@ -84,14 +84,14 @@ def warning(text):
 
 
 def state_restored(n, seg, off, damage_seg, damage_off):
-    """The log backend brought message n back from its last readable record (logdamage.py)."""
+    """The log backend brought message n back from its last readable record (log/damage.py)."""
     return (b"warning: msg %d: state restored from log segment %d offset %d"
             b" after damage at segment %d offset %d\n" % (n, seg, off, damage_seg, damage_off))
 
 
 def ended_without_body(n, mess_rel):
     """The log backend ended message n, whose live snapshot had lost its FINISH and whose
-    body is gone, instead of delivering it again for ever (logrecovery.py)."""
+    body is gone, instead of delivering it again for ever (log/recovery.py)."""
     return b"warning: msg %d: ended: %s is gone and the log holds no FINISH\n" % (n, _b(mess_rel))
 
 

@@ -7,7 +7,7 @@ docs/queue-format.md "mess/S/n"), the same for both backends:
   -> the first bytes (the Received line) + the body -> fsync the file -> fsync mess/S
 
 qmail-queue (qmailpy.queue.qmailqueue, also run by qmail-qmqpd's children) and
-the log backend's in-memory enqueue (qmailpy.backends.logenqueue) call these.
+the log backend's in-memory enqueue (qmailpy.backends.log.enqueue) call these.
 A failed step raises Failure carrying qmail-queue's exit code.
 
 Imports stay what qmail-queue already loads: this runs once per message.

@@ -2,7 +2,7 @@
 
 The segment format belongs to the log backend; the audit does not parse it
 itself. reader() imports the backend's record decoder
-(qmailpy.backends.logrecords: parse_segment_header + decode) and adapts its
+(qmailpy.backends.log.records: parse_segment_header + decode) and adapts its
 records and problems to SegmentItems:
 
     kind    a key of states.RECORD_TRANSITIONS, or "TORN" (an incomplete tail)
@@ -16,7 +16,7 @@ segment input is reported as unreadable and the rest is audited.
 from qmailpy import states
 from qmailpy_audit.messages import ABSENT, _implicit_path, _opening_path, event_move_legal, finding
 
-READER_MODULE = "qmailpy.backends.logrecords"
+READER_MODULE = "qmailpy.backends.log.records"
 
 
 class SegmentItem:
@@ -29,7 +29,7 @@ class SegmentItem:
 def reader():
     """read(data) -> [SegmentItem] using the log backend's decoder, or None without one."""
     try:
-        from qmailpy.backends import logrecords
+        from qmailpy.backends.log import records as logrecords
     except ImportError:
         return None
 

@@ -24,7 +24,7 @@ def install(home, program, name):
 def unlink_before_checkpoint():
     """Issue 29's order: a checkpoint removes finished bodies and all-garbage segments,
     then writes the checkpoint file that no longer needs them."""
-    from qmailpy.backends.logrecovery import LogRecovery
+    from qmailpy.backends.log.recovery import LogRecovery
     write = LogRecovery._write_checkpoint
 
     def early(self, replay, cleaning=()):
@@ -38,7 +38,7 @@ def unlink_before_checkpoint():
 
 def log_dir_unsynced():
     """queue/log made by mkdir without an fsync of queue/."""
-    from qmailpy.backends.logcommit import LogWriter
+    from qmailpy.backends.log.commit import LogWriter
     init = LogWriter.__init__
 
     def unsynced(self, logdir, segment_limit=None):
@@ -55,7 +55,7 @@ def not_before_after_fsync():
     """qmail-queue setting a not-before time (the mess file's mtime) after the fsync that
     its exit 0 relies on."""
     from qmailpy import mess
-    from qmailpy.backends import logenqueue
+    from qmailpy.backends.log import enqueue as logenqueue
     from qmailpy.queue import qmailqueue
     fill = mess.fill_mess
 

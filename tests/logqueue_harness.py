@@ -31,7 +31,7 @@ def route(addr):
 
 def started(home):
     """A LogQueue as qmail-send holds it after startup, its new work preprocessed."""
-    from qmailpy.backends.logqueue import LogQueue
+    from qmailpy.backends.log.queue import LogQueue
     lq = LogQueue(home, runner_lags=(0,))
     lq.startup()
     for n in lq.new_work():

@@ -14,7 +14,7 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def kill_after_appends(k):
-    from qmailpy.backends.logsegments import LogSegments
+    from qmailpy.backends.log.segments import LogSegments
     append = LogSegments._append
     count = 0
 

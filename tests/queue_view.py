@@ -77,7 +77,7 @@ def leftovers(home):
     backend = _backend(home)
     if backend.name != "log":
         return _files(home, ("lock", "pid"))
-    from qmailpy.backends.logcommit import list_segments, segment_name
+    from qmailpy.backends.log.commit import list_segments, segment_name
     try:
         live = {}
         for rec in backend.scan(report=False):

@@ -320,7 +320,7 @@ def test_bad_input_is_counted_and_the_rest_audited(spark, tmp_path):
 
 
 def test_log_backend_segments_are_checked_record_by_record(spark, tmp_path):
-    logrecords = pytest.importorskip("qmailpy.backends.logrecords")
+    logrecords = pytest.importorskip("qmailpy.backends.log.records")
     L = logrecords
     seg = tmp_path / "mx3" / "0000000003.seg"
     seg.parent.mkdir()

@@ -106,7 +106,7 @@ def _logwriter(index):
 
 
 def _segment_limit(home):
-    from qmailpy.backends.logcommit import read_segment_limit
+    from qmailpy.backends.log.commit import read_segment_limit
     return read_segment_limit(os.path.join(home, "control", "logsegmentsize"))
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from convert_support import build_dir_queue, envelope_files
 from qmailpy.backends.dir.queue import DirQueue
-from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.log.queue import LogQueue
 from qmailpy.send.clean import CleanClient
 
 pytestmark = pytest.mark.slow

@@ -50,7 +50,7 @@ import crashstates as cs
 import knobs
 from conftest import AS_ROOT, make_home, traversable_base
 from lspawn_harness import LocalUsers
-from qmailpy.backends.logcommit import list_segments, segment_name
+from qmailpy.backends.log.commit import list_segments, segment_name
 from qmailpy.layout import relpath
 from queue_view import leftovers
 from send_harness import Daemons
@@ -701,7 +701,7 @@ def test_log_send_run_with_a_hole_among_appends(explorer_base):
     message intact. A lost REPLACEMENT left the snapshot before it live after its FINISH
     had removed the body: the message was offered for good and never delivered (12 of
     the 168 states with any one append lost). Recovery now supersedes it too
-    (logrecovery.py)."""
+    (log/recovery.py)."""
     ex = Explorer(explorer_base, "log")
     ex.fill_segment()
     queue_for_send_run(ex)
@@ -829,7 +829,7 @@ def test_a_lost_log_directory_loses_its_segments(explorer_base):
     """A directory whose mkdir a power cut lost takes what was made in it along
     (crashstates.Tree.prune). qmail-queue's first run makes queue/log: unless that mkdir
     is durable in queue/ before the ENVELOPE's fsync, the acknowledged message is lost
-    (crash_variants.log_dir_unsynced, caught here); qmailpy syncs queue/ (logcommit.py)."""
+    (crash_variants.log_dir_unsynced, caught here); qmailpy syncs queue/ (log/commit.py)."""
     results = {}
     for variant in (None, "log_dir_unsynced"):
         base = os.path.join(explorer_base, variant or "fixed")

@@ -13,7 +13,8 @@ import stat
 import pytest
 
 from qmailpy import layout, privs
-from qmailpy.backends import logcommit, logcounts, logrecovery, logsegments
+from qmailpy.backends.log import (commit as logcommit, counts as logcounts,
+                                  recovery as logrecovery, segments as logsegments)
 
 LAYOUT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "queue-layout")
 

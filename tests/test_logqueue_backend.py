@@ -9,9 +9,9 @@ import pytest
 
 from qmailpy import states
 from qmailpy.backends.base import QueueBackend
-from qmailpy.backends.logcommit import LogWriter, list_segments
-from qmailpy.backends.logenqueue import append_envelope, enqueue
-from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.log.commit import LogWriter, list_segments
+from qmailpy.backends.log.enqueue import append_envelope, enqueue
+from qmailpy.backends.log.queue import LogQueue
 from qmailpy.send.clean import CleanClient, CleanerLost
 
 from logqueue_harness import deliver_all, deliveries, make_queue, route

@@ -3,13 +3,13 @@ import os
 import subprocess
 import sys
 
-from qmailpy.backends import logrecords as R
-from qmailpy.backends.logcommit import LogWriter, list_segments, segment_name
+from qmailpy.backends.log import records as R
+from qmailpy.backends.log.commit import LogWriter, list_segments, segment_name
 
 WRITER = r"""
 import sys
-from qmailpy.backends.logcommit import LogWriter
-from qmailpy.backends.logrecords import encode_envelope
+from qmailpy.backends.log.commit import LogWriter
+from qmailpy.backends.log.records import encode_envelope
 logdir, ident, count, limit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 w = LogWriter(logdir, limit)
 sys.stdin.read(1)                      # start together

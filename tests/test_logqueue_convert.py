@@ -9,7 +9,7 @@ from inotify_simple import INotify, flags
 
 from convert_support import build_dir_queue, envelope_files
 from qmailpy.backends.dir import listing as dirlist
-from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.log.queue import LogQueue
 
 pytestmark = pytest.mark.slow
 

@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
-from qmailpy.backends.logcommit import list_segments
-from qmailpy.backends.logenqueue import enqueue
-from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.log.commit import list_segments
+from qmailpy.backends.log.enqueue import enqueue
+from qmailpy.backends.log.queue import LogQueue
 
 from logqueue_harness import deliver_all, deliveries, make_queue
 
@@ -27,7 +27,7 @@ FAIL = {b"bad@r.example"}
 
 CHILD = r"""
 import os, sys
-from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.log.queue import LogQueue
 from logqueue_harness import deliver_all
 home, dpath = sys.argv[1], sys.argv[2]
 lq = LogQueue(home, runner_lags=(0,))

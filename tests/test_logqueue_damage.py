@@ -19,8 +19,8 @@ import pytest
 
 import knobs
 from qmailpy import logline
-from qmailpy.backends import logrecords as R
-from qmailpy.backends.logcommit import list_segments, segment_name
+from qmailpy.backends.log import records as R
+from qmailpy.backends.log.commit import list_segments, segment_name
 from remote_harness import Smtpd
 from send_harness import Daemons
 

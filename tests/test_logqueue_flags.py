@@ -9,10 +9,10 @@ import errno
 import os
 import time
 
-from qmailpy.backends import logrecords as R
-from qmailpy.backends import logrecovery
-from qmailpy.backends.logcommit import segment_name
-from qmailpy.backends.logenqueue import enqueue
+from qmailpy.backends.log import records as R
+from qmailpy.backends.log import recovery as logrecovery
+from qmailpy.backends.log.commit import segment_name
+from qmailpy.backends.log.enqueue import enqueue
 
 from logqueue_harness import make_queue, started
 

@@ -2,7 +2,7 @@
 import os
 
 from qmailpy import states
-from qmailpy.backends import logrecords as R
+from qmailpy.backends.log import records as R
 
 CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     "queue-layout", "log-records.conf")

@@ -11,7 +11,7 @@ import pytest
 
 from inotify_simple import INotify, flags
 
-from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.log.queue import LogQueue
 
 from logqueue_harness import deliver_all, deliveries, make_queue
 
@@ -23,7 +23,7 @@ ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
 
 INJECTOR = r"""
 import sys
-from qmailpy.backends.logenqueue import enqueue
+from qmailpy.backends.log.enqueue import enqueue
 queue, ident, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 for i in range(count):
     enqueue(queue, b"Subject: %d.%d\n\n" % (ident, i) + b"x" * (i * 37 % 3000),
@@ -32,7 +32,7 @@ for i in range(count):
 
 WORKER = r"""
 import sys
-from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.log.queue import LogQueue
 from logqueue_harness import deliver_all
 lq = LogQueue(sys.argv[1], runner_lags=(0,))
 lq.startup()

@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from qmailpy.backends.logcommit import list_segments, segment_name
+from qmailpy.backends.log.commit import list_segments, segment_name
 from queue_view import queued
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"

@@ -6,10 +6,10 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from qmailpy.backends import logrecords as R
-from qmailpy.backends.logqueue import LogQueue
-from qmailpy.backends.logsegments import QUARANTINE
-from qmailpy.backends.logenqueue import enqueue
+from qmailpy.backends.log import records as R
+from qmailpy.backends.log.queue import LogQueue
+from qmailpy.backends.log.segments import QUARANTINE
+from qmailpy.backends.log.enqueue import enqueue
 
 import knobs
 from logqueue_harness import deliver_all, deliveries, make_queue, route

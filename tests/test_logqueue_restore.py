@@ -1,15 +1,15 @@
-"""Restoring messages stranded by a damaged segment (logdamage.py), in one process: the
+"""Restoring messages stranded by a damaged segment (log/damage.py), in one process: the
 restored record, its log line, quarantine/restored, qmail-qread's view and the 36-hour
 cleanup around it. tests/test_logqueue_damage.py runs the real daemons."""
 import os
 import time
 
 from qmailpy import logline
-from qmailpy.backends import logrecords as R
-from qmailpy.backends.logdamage import RESTORED
-from qmailpy.backends.logenqueue import enqueue
-from qmailpy.backends.logqueue import LogQueue
-from qmailpy.backends.logsegments import QUARANTINE
+from qmailpy.backends.log import records as R
+from qmailpy.backends.log.damage import RESTORED
+from qmailpy.backends.log.enqueue import enqueue
+from qmailpy.backends.log.queue import LogQueue
+from qmailpy.backends.log.segments import QUARANTINE
 from qmailpy.layout import relpath
 
 from logqueue_harness import make_queue, route

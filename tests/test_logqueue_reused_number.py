@@ -22,7 +22,7 @@ from inotify_simple import INotify, flags
 
 from delivery_support import new_msgs, queue, wait_maildir
 from lspawn_harness import LocalUsers
-from qmailpy.backends.logenqueue import append_envelope
+from qmailpy.backends.log.enqueue import append_envelope
 from qmailpy.trigger import pull
 from send_harness import Daemons, wait_mess_gone
 

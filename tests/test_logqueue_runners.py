@@ -2,8 +2,8 @@
 import os
 import time
 
-from qmailpy.backends.logenqueue import enqueue
-from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.log.enqueue import enqueue
+from qmailpy.backends.log.queue import LogQueue
 
 from logqueue_harness import make_queue, route
 

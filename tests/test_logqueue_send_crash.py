@@ -29,8 +29,8 @@ from lspawn_harness import LocalUsers
 from qmail_send_kill_at import install_wrapper
 from send_harness import Daemons
 
-from qmailpy.backends import logrecords as R
-from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.log import records as R
+from qmailpy.backends.log.queue import LogQueue
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("queue_backend", ["log"], indirect=True)]
 
@@ -427,7 +427,7 @@ def every_message_ended(lines):
 def test_random_sigkills_of_qmail_send_under_1000_messages(qmail_home, queue_backend):
     import random
     import sys
-    from qmailpy.backends.logcommit import LOG_DIR, list_segments
+    from qmailpy.backends.log.commit import LOG_DIR, list_segments
     assert queue_backend == "log"
     started = time.monotonic()
     home = qmail_home

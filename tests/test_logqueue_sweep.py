@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from qmailpy.backends.logenqueue import enqueue
-from qmailpy.backends.logrunners import FLUSH_IN_FLIGHT
+from qmailpy.backends.log.enqueue import enqueue
+from qmailpy.backends.log.runners import FLUSH_IN_FLIGHT
 
 from logqueue_harness import make_queue, started
 

@@ -13,8 +13,8 @@ import os
 
 import pytest
 
-from qmailpy.backends import logcommit, logrecords as R
-from qmailpy.backends.logcommit import LogWriter, list_segments, segment_name
+from qmailpy.backends.log import commit as logcommit, records as R
+from qmailpy.backends.log.commit import LogWriter, list_segments, segment_name
 
 
 @pytest.fixture

@@ -169,10 +169,10 @@ def test_a_replacement_too_large_for_a_record_is_a_queue_error_not_an_exit(tmp_p
     before the limits; qmail-send cuts each report): the REPLACEMENT that would hold them
     fails as a full disk does, a QueueError qmail-send warns about and retries, and the
     message keeps its last snapshot; an orderly exit still saves every other schedule."""
-    from qmailpy.backends import logrecords as R
+    from qmailpy.backends.log import records as R
     from qmailpy.backends.base import QueueError
-    from qmailpy.backends.logenqueue import enqueue
-    from qmailpy.backends.logqueue import LogQueue
+    from qmailpy.backends.log.enqueue import enqueue
+    from qmailpy.backends.log.queue import LogQueue
     from logqueue_harness import make_queue
     home = make_queue(tmp_path)
     queue = os.path.join(home, "queue")

@@ -11,9 +11,9 @@ import struct
 import pytest
 
 from logqueue_harness import make_queue, route
-from qmailpy.backends.logcommit import list_segments, segment_name
-from qmailpy.backends.logenqueue import enqueue
-from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.log.commit import list_segments, segment_name
+from qmailpy.backends.log.enqueue import enqueue
+from qmailpy.backends.log.queue import LogQueue
 from queue_commands_support import PEER, SlowDelivery, ctl, deferred_message, peer  # noqa: F401  (fixture)
 from send_harness import Daemons, wait_gone, wait_mess_gone
 

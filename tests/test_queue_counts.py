@@ -1,14 +1,14 @@
-"""The log backend's per-state counters (backends/logcounts.py) against a full read of
+"""The log backend's per-state counters (backends/log/counts.py) against a full read of
 every message, through deliveries, small segments deleted as garbage, a crash without a
 checkpoint, and recoveries with and without queue/log/counts; and LogQueue.stream_states()
 (qmailctl queue list) against the full read qmail-qread uses."""
 import os
 import time
 
-from qmailpy.backends import logcounts
-from qmailpy.backends.logcommit import LogWriter, list_segments
-from qmailpy.backends.logenqueue import enqueue
-from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.log import counts as logcounts
+from qmailpy.backends.log.commit import LogWriter, list_segments
+from qmailpy.backends.log.enqueue import enqueue
+from qmailpy.backends.log.queue import LogQueue
 from qmailpy.ctl.queuesize import exact_sizes, sizes
 
 from logqueue_harness import deliver_all, make_queue, route

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from qmailpy.backends import logrecords as R
+from qmailpy.backends.log import records as R
 from qmailpy.envelope import MAX_ADDRESS, bounce_note
 from qmailpy.queuelimits import (BOUNCE_TEXT_MAX, DEFAULT_MAXRCPT, ENVELOPE_BUDGET, REWRITE_ALLOWANCE,
                                  EnvelopeBudget, bounce_text)

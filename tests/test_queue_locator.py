@@ -1,5 +1,5 @@
 """How qmail-send finds the messages of a command on the log backend (qmailpy/backends/
-loglocator.py): a walk of the log in steps while qmail-send goes on changing the log, and
+log/locator.py): a walk of the log in steps while qmail-send goes on changing the log, and
 the command file's numbers as qmail-send reads them (qmailpy/command.py)."""
 import io
 import os
@@ -8,9 +8,9 @@ from array import array
 import pytest
 
 from qmailpy import command
-from qmailpy.backends import logrecords as R
-from qmailpy.backends.logenqueue import enqueue
-from qmailpy.backends.logqueue import LogQueue
+from qmailpy.backends.log import records as R
+from qmailpy.backends.log.enqueue import enqueue
+from qmailpy.backends.log.queue import LogQueue
 
 from logqueue_harness import make_queue, route
 

@@ -186,7 +186,7 @@ def test_wrongly_typed_nested_fields_are_errors_not_records():
 
 
 def test_log_backend_home_uses_the_backend_interface(tmp_path):
-    pytest.importorskip("qmailpy.backends.logqueue")
+    pytest.importorskip("qmailpy.backends.log.queue")
     home, queue = _queue(tmp_path)
     (home / "control" / "queuebackend").write_text("log\n")
     (queue / "log").mkdir()

@@ -5,7 +5,7 @@ from qmailpy.queuebackend import BACKENDS, backend_name  # noqa: F401  (defined 
 def open_backend(home, **options):
     """The QueueBackend configured for this home."""
     if backend_name(home) == "log":
-        from qmailpy.backends.logqueue import LogQueue
+        from qmailpy.backends.log.queue import LogQueue
         return LogQueue(home, **options)
     from qmailpy.backends.dir.queue import DirQueue
     return DirQueue(home, **options)

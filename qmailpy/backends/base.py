@@ -29,7 +29,7 @@ caller, due now. What the caller holds is only work that is due (or its own shor
 retries after an error), so the memory per waiting message is the backend's: the
 directory backend's is one (due, n) per waiting channel (dir/schedule.py); the log
 backend keeps none for a message nobody is working on (its queue runners,
-logrunners.py, find due work by reading the log).
+log/runners.py, find due work by reading the log).
 """
 from abc import ABC, abstractmethod
 

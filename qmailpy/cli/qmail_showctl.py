@@ -51,7 +51,7 @@ HEADING = "\n\n\nNow qmailpy's own files:\n"
 def qmailpy_files():
     """qmailpy's control files (docs/control-files.md "Control files"), in qmail-showctl's form;
     the defaults come from the modules that read the files."""
-    from qmailpy.backends.logcommit import SEGMENT_LIMIT, SEGMENT_LIMIT_CONTROL
+    from qmailpy.backends.log.commit import SEGMENT_LIMIT, SEGMENT_LIMIT_CONTROL
     from qmailpy.ctl.logwriter import COUNT_CONTROL, DEFAULT_COUNT, DEFAULT_SIZE, SIZE_CONTROL
     from qmailpy.queuelimits import DEFAULT_MAXRCPT, MAXRCPT_CONTROL
     from qmailpy.send.metrics import DEFAULT_INTERVAL as METRICS_INTERVAL, INTERVAL_CONTROL as METRICS_CONTROL

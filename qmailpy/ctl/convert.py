@@ -89,7 +89,7 @@ def _crash_step():
 
 def _resume(home, current, step):
     """Finish or undo a conversion a crash interrupted (see the module's docstring)."""
-    from qmailpy.backends.logconvert import remove_dir, remove_log
+    from qmailpy.backends.convert import remove_dir, remove_log
     marked = _read_marker(home)
     if marked is None:
         return
@@ -107,7 +107,7 @@ def _resume(home, current, step):
 
 
 def _convert(home, to, progress, step):
-    from qmailpy.backends.logconvert import ConvertError, dir_to_log, log_to_dir, remove_dir, remove_log
+    from qmailpy.backends.convert import ConvertError, dir_to_log, log_to_dir, remove_dir, remove_log
     queue = os.path.join(home, "queue")
     _write_durably(_marker(home), to + "\n")
     step("marker")
@@ -144,7 +144,7 @@ def _hold_queue(home):
 
 def run(args):
     from qmailpy.backends import backend_name
-    from qmailpy.backends.logconvert import ConvertError
+    from qmailpy.backends.convert import ConvertError
     from qmailpy.home import qmail_home
     home = qmail_home(args.home)
     try:

@@ -58,7 +58,7 @@ def queue_reader(home):
         backend = open_backend(home)
 
         def counts():
-            # qmail-send's counters and the records after them (backends/logcounts.py),
+            # qmail-send's counters and the records after them (backends/log/counts.py),
             # as `qmailctl queue size`; without them, a full read of the log
             found = backend.current_counts()
             if found is None:

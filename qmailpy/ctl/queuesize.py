@@ -5,7 +5,7 @@ envelope: a body still being written is not counted). local and remote count the
 messages whose channel is still open, held those kept back by `queue hold`.
 
 Directory backend: a count of the directory entries (todo/, info/*, local/*,
-remote/*, hold/). Log backend: qmail-send's counters (backends/logcounts.py) plus
+remote/*, hold/). Log backend: qmail-send's counters (backends/log/counts.py) plus
 the records appended since it last wrote them, so near O(1); --exact reads every
 message instead (memory bounded, time proportional to the queue).
 Exit 0; 111 when the queue cannot be read.
@@ -43,7 +43,7 @@ def sizes(home, exact=False):
         from qmailpy.backends.dir.listing import state_counts
         return state_counts(os.path.join(home, "queue"))
     if not exact:
-        from qmailpy.backends.logqueue import LogQueue
+        from qmailpy.backends.log.queue import LogQueue
         queue = LogQueue(home)
         try:
             counts = queue.current_counts()

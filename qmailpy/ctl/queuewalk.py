@@ -11,7 +11,7 @@ record also has "held": kept back by `qmailctl queue hold` (hold/N on the
 directory backend, the held bit of its snapshot on the log backend); its state is
 then HELD, as in a snapshot; and "set_aside": why qmail-send sets it aside (a queued
 message on the log backend whose PREPROCESSED record would not fit: the check of
-backends/logpreprocess.py, with qmail-send's routing; docs/qmail-send.md "Messages set
+backends/log/preprocess.py, with qmail-send's routing; docs/qmail-send.md "Messages set
 aside"), else null.
 """
 import os
@@ -74,8 +74,8 @@ def _dir_records(host, queue, numbers):
 # --- log backend ----------------------------------------------------------------------
 
 def _log_records(host, home, numbers):
-    from qmailpy.backends import logrecords as R
-    from qmailpy.backends.logqueue import LogQueue
+    from qmailpy.backends.log import records as R
+    from qmailpy.backends.log.queue import LogQueue
     queue = LogQueue(home)
     aside = _SetAside(home)
     try:
@@ -89,14 +89,14 @@ def _log_records(host, home, numbers):
 
 class _SetAside:
     """Why qmail-send sets a queued message aside, or None: the check its preprocessing
-    makes (backends/logpreprocess.py), routed by qmail-send's control files, read once."""
+    makes (backends/log/preprocess.py), routed by qmail-send's control files, read once."""
 
     def __init__(self, home):
         self.home, self.route = home, None
 
     def __call__(self, env, size):
         from qmailpy.backends.base import SetAside
-        from qmailpy.backends.logpreprocess import preprocessed
+        from qmailpy.backends.log.preprocess import preprocessed
         if self.route is None:
             from qmailpy.home import ControlError
             from qmailpy.send.controls import read_rewriter

@@ -119,7 +119,7 @@ def prepare(home):
         pass
     try:
         if backends.backend_name(home) == "log":
-            from qmailpy.backends import logenqueue  # noqa: F401  (its record coding, crc32c)
+            from qmailpy.backends.log import enqueue  # noqa: F401  (its record coding, crc32c)
     except (OSError, ValueError):
         pass
 
@@ -365,7 +365,7 @@ class _Queue:
 
     def log_envelope(self, n, uid, pid):
         """Log backend, S2 -> S4: one ENVELOPE record, durable (group commit) before exit 0."""
-        from qmailpy.backends.logenqueue import append_envelope
+        from qmailpy.backends.log.enqueue import append_envelope
         from qmailpy.envelope import parse_todo
         from qmailpy.trigger import pull
         self.env_buf = bytearray()

@@ -25,7 +25,7 @@ def _concurrency(home, name, default):
 
 def read_rewriter(home):
     """The recipient rewriting qmail-send starts with (also `qmailctl queue list`'s, to
-    show the messages it sets aside: backends/logpreprocess.py)."""
+    show the messages it sets aside: backends/log/preprocess.py)."""
     return Rewriter(control_me_default(home, "envnoathost"), _locals(home),
                     control_list(home, "percenthack", []), control_list(home, "virtualdomains", []))
 

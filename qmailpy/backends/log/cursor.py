@@ -3,12 +3,12 @@
 A cursor reads records forward from a position, across segments, never past the
 committed end of the head. A runner is a cursor that walks the log a fixed lag
 behind the head and remembers (due, position) of snapshots it passed before they
-were due (logrunners.py explains how runners find work).
+were due (log/runners.py explains how runners find work).
 """
 import heapq
 import os
 
-from qmailpy.backends import logrecords as R
+from qmailpy.backends.log import records as R
 
 _CHUNK = 256 * 1024
 

@@ -15,12 +15,12 @@ to the tail, offering at most FLUSH_IN_FLIGHT messages at a time.
 """
 import heapq
 
-from qmailpy.backends import logrecords as R
+from qmailpy.backends.log import records as R
 from qmailpy.backends.base import QueueError, Scheduled
-from qmailpy.backends.logcursor import Cursor
-from qmailpy.backends.loginflight import InFlight
-from qmailpy.backends.logrecovery import CHECKPOINT_EVERY
-from qmailpy.backends.logsegments import now as _now
+from qmailpy.backends.log.cursor import Cursor
+from qmailpy.backends.log.inflight import InFlight
+from qmailpy.backends.log.recovery import CHECKPOINT_EVERY
+from qmailpy.backends.log.segments import now as _now
 
 # Runner lags (seconds behind the head). qmail's retry intervals run from 100 s
 # to about 9 h; a deferred message is met no earlier than it is due and at most

@@ -20,7 +20,7 @@ off until `qmailctl queue size --exact` or a recount.
 import json
 import os
 
-from qmailpy.backends import logrecords as R
+from qmailpy.backends.log import records as R
 from qmailpy.backends.base import QueueError
 from qmailpy.fileio import create_fresh
 

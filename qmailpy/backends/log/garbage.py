@@ -2,14 +2,14 @@
 
 A superseded record's position goes into self.garbage; its flag byte is written in
 place only at a checkpoint, after the head is fsync'd (a flag must never reach the
-disk before the record that supersedes it: logrecovery.py). A segment with no live
+disk before the record that supersedes it: log/recovery.py). A segment with no live
 record left, older than every position still needed, is unlinked, once the removals
 of the bodies finished before it are durable.
 """
 import os
 
-from qmailpy.backends import logrecords as R
-from qmailpy.backends.logcommit import segment_name
+from qmailpy.backends.log import records as R
+from qmailpy.backends.log.commit import segment_name
 from qmailpy.fileio import fsync_dir
 
 

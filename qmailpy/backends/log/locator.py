@@ -1,4 +1,4 @@
-"""Where the messages a command names are in the log (logcommands.py; docs/log-queue.md
+"""Where the messages a command names are in the log (log/commands.py; docs/log-queue.md
 "Held messages"): the log has no index by number, so qmail-send finds them by walking it.
 
 A Locator holds the command's numbers (ascending, an array of 8 bytes each) and, for
@@ -13,8 +13,8 @@ the later one in the log is the newer, whichever was noted first.
 from array import array
 from bisect import bisect_left
 
-from qmailpy.backends import logrecords as R
-from qmailpy.backends.logcursor import Cursor
+from qmailpy.backends.log import records as R
+from qmailpy.backends.log.cursor import Cursor
 
 WALK_STEP = 5000            # records a step reads
 _NONE, _SNAPSHOT, _FINISHED = 0, 1, 2

@@ -1,7 +1,7 @@
 """The log backend's side of qmail-send's commands (qmailctl queue ...; docs/log-queue.md "Held messages").
 
 A message a command names is brought in flight (`active`) from its live snapshot,
-found by a Locator's walk of the log (loglocator.py: there is no index by number),
+found by a Locator's walk of the log (log/locator.py: there is no index by number),
 and acted on with the backend's usual records: a hold or a release is a REPLACEMENT
 with the held bit of its `sched` byte set or clear (the runners never offer a
 held snapshot), a requeue a REPLACEMENT whose channels are due now, a delete a
@@ -9,11 +9,11 @@ FINISH; commit() syncs them before qmail-send answers (one fsync a batch).
 """
 from array import array
 
-from qmailpy.backends import logrecords as R
+from qmailpy.backends.log import records as R
 from qmailpy.backends.base import QueueError
-from qmailpy.backends.loginflight import InFlight
-from qmailpy.backends.loglocator import Locator
-from qmailpy.backends.logsegments import now as _now
+from qmailpy.backends.log.inflight import InFlight
+from qmailpy.backends.log.locator import Locator
+from qmailpy.backends.log.segments import now as _now
 
 CHECKPOINT_GARBAGE = 2000      # superseded positions held before commit() checkpoints
 
@@ -32,7 +32,7 @@ class LogCommands:
             self.locators.remove(locator)
 
     def _note_appended(self, data, pos):
-        """Each record qmail-send appends, for the locators (loglocator.py)."""
+        """Each record qmail-send appends, for the locators (log/locator.py)."""
         off = 0
         while off < len(data):
             length = R.frame_length(data, off)

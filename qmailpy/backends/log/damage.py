@@ -16,9 +16,9 @@ once its messages are restored, so a restart does not read the whole log again.
 import os
 
 from qmailpy import logline, trigger
-from qmailpy.backends import logrecords as R
+from qmailpy.backends.log import records as R
 from qmailpy.backends.base import QueueError
-from qmailpy.backends.logsegments import QUARANTINE, now as _now
+from qmailpy.backends.log.segments import QUARANTINE, now as _now
 from qmailpy.layout import relpath
 
 RESTORED = "restored"

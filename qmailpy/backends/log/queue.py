@@ -1,8 +1,8 @@
 """The log-structured queue backend (docs/architecture.md "Queue backends", after Tony Finch's log-structured MTA queue).
 
 Message bodies stay in mess/ exactly as in the directory backend. Everything else
-is records appended to segments under queue/log/ (format: logrecords.py, man
-qmail-log-queue(5)); appends and group commit: logcommit.py.
+is records appended to segments under queue/log/ (format: log/records.py, man
+qmail-log-queue(5)); appends and group commit: log/commit.py.
 
 A message's S5 state is its latest *snapshot* (PREPROCESSED or REPLACEMENT: sender,
 birth, both channels' recipients with done marks and next-attempt times, bounce
@@ -13,31 +13,31 @@ REPLACEMENT folds the deltas into a new snapshot and the old one becomes garbage
 live record, and qmail-send keeps in memory only messages in flight (`active`).
 
 LogQueue is this module's delivery interface plus one mixin per concept:
-  logsegments.py  LogSegments  segment files, reading a record, appending, damage reports
-  loggarbage.py   LogGarbage   live counts per segment, deleting empty segments
-  logrecovery.py  LogRecovery  checkpoints and recovery at startup
-  logdamage.py    LogDamage    restoring messages whose newest record was damaged
-  logrunners.py   LogRunners   the queue runners: due(), next_wakeup(), run_all_now()
-  logreaders.py   LogReaders   qmail-qread/qmail-qstat readers and the 36-hour cleanup
-  logcommands.py  LogCommands  hold, release, requeue and delete for qmail-send's commands
+  log/segments.py  LogSegments  segment files, reading a record, appending, damage reports
+  log/garbage.py   LogGarbage   live counts per segment, deleting empty segments
+  log/recovery.py  LogRecovery  checkpoints and recovery at startup
+  log/damage.py    LogDamage    restoring messages whose newest record was damaged
+  log/runners.py   LogRunners   the queue runners: due(), next_wakeup(), run_all_now()
+  log/readers.py   LogReaders   qmail-qread/qmail-qstat readers and the 36-hour cleanup
+  log/commands.py  LogCommands  hold, release, requeue and delete for qmail-send's commands
 The schedule lives in the log itself (each snapshot's next-attempt times): the
 runners offer what is due, as base.QueueBackend describes.
 """
 import os
 
 from qmailpy import logline
-from qmailpy.backends import logcounts, logrecords as R
+from qmailpy.backends.log import counts as logcounts, records as R
 from qmailpy.backends.base import CleanerLost, Preprocessed, QueueBackend, QueueError, SetAside
-from qmailpy.backends.logcommands import LogCommands
-from qmailpy.backends.logcommit import LOG_DIR, SEGMENT_LIMIT_CONTROL, read_segment_limit
-from qmailpy.backends.logdamage import LogDamage
-from qmailpy.backends.loggarbage import LogGarbage
-from qmailpy.backends.loginflight import InFlight
-from qmailpy.backends.logpreprocess import preprocessed
-from qmailpy.backends.logreaders import LogReaders
-from qmailpy.backends.logrecovery import LogRecovery
-from qmailpy.backends.logrunners import RUNNER_LAGS, LogRunners
-from qmailpy.backends.logsegments import LogSegments, now as _now
+from qmailpy.backends.log.commands import LogCommands
+from qmailpy.backends.log.commit import LOG_DIR, SEGMENT_LIMIT_CONTROL, read_segment_limit
+from qmailpy.backends.log.damage import LogDamage
+from qmailpy.backends.log.garbage import LogGarbage
+from qmailpy.backends.log.inflight import InFlight
+from qmailpy.backends.log.preprocess import preprocessed
+from qmailpy.backends.log.readers import LogReaders
+from qmailpy.backends.log.recovery import LogRecovery
+from qmailpy.backends.log.runners import RUNNER_LAGS, LogRunners
+from qmailpy.backends.log.segments import LogSegments, now as _now
 from qmailpy.envelope import ChannelRecord
 from qmailpy.layout import CHANNELS, SPLIT, relpath
 from qmailpy.mess import hold_asked
@@ -62,7 +62,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
         self._fds = {}
         self.active = {}
         self.taken = {}               # n -> live snapshot position, found by a command's take()
-        self.locators = []            # of the commands being carried out (loglocator.py)
+        self.locators = []            # of the commands being carried out (log/locator.py)
         self.pending_new = {}
         self.set_aside = {}           # of pending_new, those preprocess() set aside: n -> position
         self.live = {}
@@ -80,7 +80,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
         self.results_unsynced = False  # DELIVERY records appended since the last sync_results()
         self.replayed_clean = []      # FINISHes replayed by recovery: cleaned once no qmail-queue runs
         self.removed_unsynced = set()  # n % SPLIT of bodies removed since their mess/S/ was synced
-        self.state_counts = None      # messages per state up to new_cursor (logcounts.py)
+        self.state_counts = None      # messages per state up to new_cursor (log/counts.py)
 
     def _write_snapshot(self, a, type=R.REPLACEMENT, ended=(), now=None):
         now = _now() if now is None else now
@@ -97,7 +97,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
         a.snap, a.delta_start = pos, None
         return pos
 
-    # -- startup (recovery: logrecovery.py) -----------------------------------------
+    # -- startup (recovery: log/recovery.py) -----------------------------------------
     def startup(self):
         self.recover()
         return self.due(_now())
@@ -120,7 +120,7 @@ class LogQueue(LogSegments, LogGarbage, LogRecovery, LogDamage, LogRunners, LogR
                     self.state_counts.delta(rec, self._read_at)
             if type == R.ENVELOPE and n in self.replayed_clean:
                 # a new message on the number of a finished one whose body recovery
-                # has yet to remove: mess/S/n is the new message's now (logrecovery.py)
+                # has yet to remove: mess/S/n is the new message's now (log/recovery.py)
                 self.replayed_clean = [m for m in self.replayed_clean if m != n]
             if (type == R.ENVELOPE and pos not in self.garbage
                     and not self._flagged_garbage(flags, pos, length)):

@@ -4,9 +4,9 @@ the 36-hour cleanup. Each reads the whole log (scan()); qmail-send's own work ne
 import os
 
 from qmailpy import states
-from qmailpy.backends import logcounts, logrecords as R
+from qmailpy.backends.log import counts as logcounts, records as R
 from qmailpy.backends.base import MessageView
-from qmailpy.backends.logdamage import quarantined, restorable
+from qmailpy.backends.log.damage import quarantined, restorable
 from qmailpy.envelope import ChannelRecord
 from qmailpy.layout import CHANNELS, SPLIT, is_number
 from qmailpy.states import LEFTOVER_AGE
@@ -91,7 +91,7 @@ class LogReaders:
         as latest_states() folds all. Not a point-in-time view: a message whose state
         changes while the log is read may be missed or shown in its older state.
         """
-        from qmailpy.backends.logcursor import Cursor
+        from qmailpy.backends.log.cursor import Cursor
         segments = self._segments()
         if not segments or not os.path.exists(os.path.join(self.logdir, "commit")):
             return
@@ -137,7 +137,7 @@ class LogReaders:
     def current_counts(self):
         """logcounts.Counts of the whole log now: qmail-send's last counts file plus the
         records after it; None when there is no usable file (count with stream_states())."""
-        from qmailpy.backends.logcursor import Cursor
+        from qmailpy.backends.log.cursor import Cursor
         if not self._segments() or not os.path.exists(os.path.join(self.logdir, "commit")):
             return logcounts.Counts(pos=(0, R.HEADER_SIZE))
         counts = logcounts.read(self.logdir)

@@ -11,8 +11,8 @@ Imports stay small: this runs once per message.
 import os
 import time
 
-from qmailpy.backends.logcommit import LOG_DIR, LogWriter
-from qmailpy.backends.logrecords import encode_envelope
+from qmailpy.backends.log.commit import LOG_DIR, LogWriter
+from qmailpy.backends.log.records import encode_envelope
 from qmailpy.mess import Failure, create_mess, fill_mess
 
 

@@ -46,7 +46,7 @@ import fcntl
 import os
 import struct
 
-from qmailpy.backends.logrecords import HEADER_SIZE, segment_header, valid_end
+from qmailpy.backends.log.records import HEADER_SIZE, segment_header, valid_end
 from qmailpy.fileio import fsync_dir
 
 LOG_DIR = "log"

@@ -1,17 +1,17 @@
 """The log backend's segment files as LogQueue reads and appends them.
 
-LogSegments is the part of LogQueue (logqueue.py) that owns file descriptors: the
-shared LogWriter (appends and group commit, logcommit.py), one read/write fd per
+LogSegments is the part of LogQueue (log/queue.py) that owns file descriptors: the
+shared LogWriter (appends and group commit, log/commit.py), one read/write fd per
 segment, reading one record at a position, and reporting damaged stretches (a
-corrupt one is copied to queue/log/quarantine/). Record format: logrecords.py and
+corrupt one is copied to queue/log/quarantine/). Record format: log/records.py and
 qmail-log-queue(5).
 """
 import os
 import time
 
-from qmailpy.backends import logrecords as R
+from qmailpy.backends.log import records as R
 from qmailpy.backends.base import QueueError
-from qmailpy.backends.logcommit import LogWriter, list_segments, segment_name
+from qmailpy.backends.log.commit import LogWriter, list_segments, segment_name
 
 QUARANTINE = "quarantine"
 
@@ -114,7 +114,7 @@ class LogSegments:
             pos = self.writer.append(data, durable)
         except OSError as e:
             raise QueueError("trouble writing to log: %s" % e.strerror)
-        if self.locators:                 # a command is finding its messages (loglocator.py)
+        if self.locators:                 # a command is finding its messages (log/locator.py)
             self._note_appended(data, pos)
         return pos
 

@@ -1,7 +1,7 @@
 """A message the log backend's qmail-send is working on ("in flight").
 
 Its S5 state is its latest snapshot record plus the deltas appended since
-(logqueue.py); only messages in flight are held in memory.
+(log/queue.py); only messages in flight are held in memory.
 """
 
 

@@ -15,11 +15,11 @@ import os
 import stat
 
 from qmailpy import envelope, nofollow, states
-from qmailpy.backends import logrecords as R
-from qmailpy.backends.logcommit import LOG_DIR, LogWriter, fsync_dir, list_segments, segment_name
-from qmailpy.backends.logcounts import COUNTS
-from qmailpy.backends.logqueue import LogQueue
-from qmailpy.backends.logrecovery import CHECKPOINT
+from qmailpy.backends.log import records as R
+from qmailpy.backends.log.commit import LOG_DIR, LogWriter, fsync_dir, list_segments, segment_name
+from qmailpy.backends.log.counts import COUNTS
+from qmailpy.backends.log.queue import LogQueue
+from qmailpy.backends.log.recovery import CHECKPOINT
 from qmailpy.fileio import write_all
 from qmailpy.layout import CHANNELS, SPLIT, is_number, relpath
 

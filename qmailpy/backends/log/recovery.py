@@ -1,14 +1,14 @@
 """Checkpoints and recovery of the log backend.
 
 Durability: ENVELOPE (qmail-queue) and DELIVERY records are fsync'd before
-success is reported, shared between processes (group commit, logcommit.py).
+success is reported, shared between processes (group commit, log/commit.py).
 Everything else is bookkeeping. Every CHECKPOINT_EVERY seconds: fsync the head;
 only then write the garbage flags of records superseded since the last checkpoint,
 fsync the segments that got flags, and write queue/log/checkpoint (the restart
 positions): the replay position, the runners' positions, live-record counts per
 segment, the ENVELOPEs not yet preprocessed and the messages in flight. Only after
 it is renamed into place and log/ fsync'd are finished messages' bodies removed and
-all-garbage segments deleted (loggarbage.py): before, a power cut could keep such an
+all-garbage segments deleted (log/garbage.py): before, a power cut could keep such an
 unlink with the old checkpoint, which still lists a message in flight whose FINISH
 was in the unlinked segment.
 
@@ -25,13 +25,13 @@ import json
 import os
 
 from qmailpy import logline
-from qmailpy.backends import logcounts, logrecords as R
+from qmailpy.backends.log import counts as logcounts, records as R
 from qmailpy.backends.base import CleanerLost, QueueError
-from qmailpy.backends.logcommit import fsync_dir
-from qmailpy.backends.logcursor import Cursor, Runner
-from qmailpy.backends.logdamage import quarantined
-from qmailpy.backends.loginflight import InFlight
-from qmailpy.backends.logsegments import now as _now
+from qmailpy.backends.log.commit import fsync_dir
+from qmailpy.backends.log.cursor import Cursor, Runner
+from qmailpy.backends.log.damage import quarantined
+from qmailpy.backends.log.inflight import InFlight
+from qmailpy.backends.log.segments import now as _now
 from qmailpy.fileio import create_fresh, write_all
 from qmailpy.layout import relpath
 
@@ -103,7 +103,7 @@ class LogRecovery:
 
 
     def _recount(self, first, tail):
-        """Counts of every message in the log up to tail (logcounts.py), read once."""
+        """Counts of every message in the log up to tail (log/counts.py), read once."""
         return logcounts.count_from(Cursor(self, first), logcounts.Counts(), self._read_at, tail)
 
     def _active_at(self, n, snap):
@@ -181,7 +181,7 @@ class LogRecovery:
             self._supersede(rec.prev)
             self._supersede_lost_link(n, rec.prev)
             if self.pending_new.get(n) == rec.prev:
-                del self.pending_new[n]          # a set-aside message deleted (logcommands.py)
+                del self.pending_new[n]          # a set-aside message deleted (log/commands.py)
             self.replayed_state.pop(n, None)
             self.active.pop(n, None)
             self.replayed_clean.append(n)        # the crash may have come before its unlink

@@ -6,7 +6,7 @@ asks the same of every queued message, with the routing of qmail-send's control 
 show the messages qmail-send sets aside (it keeps that only in memory; a marker on disk
 would be a second statement of the fact, and could disagree after a control file changed).
 """
-from qmailpy.backends import logrecords as R
+from qmailpy.backends.log import records as R
 from qmailpy.backends.base import SetAside
 
 
