@@ -6,9 +6,11 @@ held bit), delivers nothing of it, and `qmailctl queue release` lets it go."""
 import os
 import re
 import stat
+import subprocess
 
 import pytest
 
+from conftest import AS_ROOT
 from delivery_support import maildir_messages, wait_maildir
 from lspawn_harness import LocalUsers
 from qmqpd_harness import QmqpServer, ask, netstring, request
@@ -82,3 +84,31 @@ def test_the_local_socket_carries_a_hold(qmail_home):
     modes = {m.mess.split(b"Subject: ")[1][:4]: (m.n, mess_mode(qmail_home, m.n)) for m in queued(qmail_home)}
     assert {k: mode for k, (_, mode) in modes.items()} == {b"held": 0o744, b"free": 0o644}
     held_then_released(qmail_home, joe, modes[b"held"][0], b"free")
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="needs a local uid that is neither root nor the home's")
+def test_an_ordinary_user_cannot_queue_on_hold(qmail_home, tmp_path):
+    """A hold at queueing lasts until a release, longer than the longest not-before time
+    an ordinary user may set (MAX_HOLD): qmail-qmqpd answers his `hold` as it answers such
+    a not-before time, and nothing of it is queued; his message without it is."""
+    other = 61018                       # neither root nor the home's one account
+    with QmqpServer(qmail_home, "-t", "10"):
+        def sendmail(env):
+            return subprocess.run(["sendmail", "-f", "a@b.example", "joe@test.example"],
+                                  input=b"Subject: x\n\nx\n", env=env, user=other,
+                                  capture_output=True, timeout=60)
+        held = sendmail(dict(qmail_home.env, QMAILHOLD="1"))
+        assert held.returncode != 0
+        assert b"sorry, that hold is longer than I allow (#5.5.4)" in held.stderr, held.stderr
+        message, envelope = tmp_path / "message", tmp_path / "envelope"
+        message.write_bytes(b"Subject: x\n\nx\n")
+        envelope.write_bytes(b"Fa@b.example\0Tjoe@test.example\0\0")
+        with open(message, "rb") as fd0, open(envelope, "rb") as fd1:
+            direct = subprocess.run(["qmail-queue"], stdin=fd0, stdout=fd1, stderr=subprocess.PIPE,
+                                    env=dict(qmail_home.env, QMAILHOLD="1"), user=other, timeout=60)
+        assert direct.returncode == 31, direct.stderr
+        assert queued(qmail_home) == []
+        free = sendmail(qmail_home.env)
+        assert free.returncode == 0, free.stderr
+    [msg] = queued(qmail_home)
+    assert (msg.uid, mess_mode(qmail_home, msg.n)) == (other, 0o644)

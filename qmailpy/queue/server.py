@@ -152,10 +152,11 @@ class Request:
             self.buf = self._recv()
         return self.buf[:1]
 
-    def read_head(self, databytes, options=False):
+    def read_head(self, databytes, options=False, may_hold=False):
         """The outer length and the message's; R_SIZE (after reading the rest) if the
         message is longer than databytes (0: no limit). options: "notbefore=" and "hold"
-        netstrings may come first, each once (qmailpy.queue.qmqp; local socket only)."""
+        netstrings may come first, each once (qmailpy.queue.qmqp; local socket only).
+        may_hold: the caller may queue on hold (Server.may_hold); else "hold" is R_HOLD."""
         self.left = self._length(counted=False)
         seen = set()
         while options and not self._peek().isdigit():
@@ -170,6 +171,8 @@ class Request:
             seen.add(name)
             self._comma(counted=False)
             if name == "hold":
+                if not may_hold:        # until a release: longer than any MAX_HOLD
+                    self.fail(R_HOLD)
                 self.hold = True
             else:
                 now = time.time()
@@ -240,11 +243,13 @@ def peer_uid(conn):
     return struct.unpack("3i", creds)[1]
 
 
-def handle(home, conn, uid, timeout, syncs=None, local=False, size_limit=None, pace=None):
+def handle(home, conn, uid, timeout, syncs=None, local=False, size_limit=None, pace=None,
+           may_hold=False):
     """Read, queue and answer one request in a worker; the exit status. local: from the
-    local socket, whose requests may carry a not-before time and a hold. size_limit: the control
-    file holding the largest message size (absent or 0: no limit), or None for none.
-    pace: (grace seconds, bytes per second) the request must arrive at (LOCAL_PACE)."""
+    local socket, whose requests may carry a not-before time and, when may_hold, a hold.
+    size_limit: the control file holding the largest message size (absent or 0: no limit),
+    or None for none. pace: (grace seconds, bytes per second) the request must arrive at
+    (LOCAL_PACE)."""
     from qmailpy.home import ControlError
     from qmailpy.queue.qmailqueue import run_from
     from qmailpy.sizelimits import read_limit
@@ -256,7 +261,7 @@ def handle(home, conn, uid, timeout, syncs=None, local=False, size_limit=None, p
         request.failure = R_CONTROLS
     else:
         try:
-            request.read_head(databytes, options=local)
+            request.read_head(databytes, options=local, may_hold=may_hold)
         except BadRequest:
             pass
         else:
@@ -316,6 +321,14 @@ class Server(WorkerServer):
             self.any_size = frozenset(privs.role_uids(home, ("alias", "qmaild", "qmails")).values())
         except privs.PrivError:
             self.any_size = self.unlimited
+        # who may queue on hold ("hold" option): a hold lasts until a release, so not an
+        # ordinary user, whose not-before time may not pass MAX_HOLD; root and qmailq, who
+        # may run qmail-queue with $QMAILHOLD anyway, and qmaild (a milter's quarantine)
+        try:
+            holders = privs.role_uids(home, ("qmaild", "qmailq")).values()
+            self.may_hold = frozenset({0, *holders})
+        except privs.PrivError:
+            self.may_hold = frozenset({0})
         from qmailpy.groupsync import DirSyncs
         from qmailpy.queue.qmailqueue import SYNC_SLOTS
         try:
@@ -355,7 +368,9 @@ class Server(WorkerServer):
         else:
             size_limit = None if context[1] in self.any_size else LOCAL_CONTROL
         pace = self.local_pace if local and self.client_of(context) is not None else None
-        return handle(self.home, conn, context[1], self.timeout, self.syncs, local, size_limit, pace)
+        may_hold = local and context[1] in self.may_hold
+        return handle(self.home, conn, context[1], self.timeout, self.syncs, local, size_limit,
+                      pace, may_hold)
 
     def _allowed(self, ip):
         if self.rules is None:
