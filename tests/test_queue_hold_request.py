@@ -4,9 +4,11 @@ mess file, synced before the envelope is written; a running qmail-send turns it 
 own hold as it preprocesses the message (`hold msg N`, hold/N or the PREPROCESSED record's
 held bit), delivers nothing of it, and `qmailctl queue release` lets it go."""
 import os
+import pwd
 import re
 import stat
 import subprocess
+import sys
 
 import pytest
 
@@ -112,3 +114,42 @@ def test_an_ordinary_user_cannot_queue_on_hold(qmail_home, tmp_path):
         assert free.returncode == 0, free.stderr
     [msg] = queued(qmail_home)
     assert (msg.uid, mess_mode(qmail_home, msg.n)) == (other, 0o644)
+
+
+ASK_HELD = """
+import socket, sys
+from qmailpy.queue.qmqp import parse_answer, request
+with socket.socket(socket.AF_UNIX) as s:
+    s.connect(sys.argv[1])
+    s.sendall(request(b"Subject: q\\n\\nq\\n", b"a@b.example", [b"joe@test.example"], hold=True))
+    got = b""
+    while parse_answer(got) is None:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+print(parse_answer(got).decode())
+"""
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="only root can run the roles as other accounts")
+def test_qmaild_queues_on_hold_where_the_queue_is_another_accounts(qmail_home):
+    """On a server whose roles are separate accounts qmail-smtpd's sessions run as qmaild,
+    not as the queue's owner: its quarantines still queue on hold through qmail-qmqpd."""
+    owner = "daemon"
+    roles = os.path.join(qmail_home.path, "control", "roles")
+    with open(roles) as f:
+        text = f.read()
+    with open(roles, "w") as f:
+        f.write(text.replace("qmailq:%s\n" % qmail_home.user, "qmailq:%s\n" % owner))
+    done = qmail_home.run(["qmailctl", "init", "--home", qmail_home.path])
+    assert done.returncode == 0, done.stderr
+    assert os.stat(os.path.join(qmail_home.queue, "mess")).st_uid == pwd.getpwnam(owner).pw_uid
+    assert "qmaild:%s\n" % qmail_home.user in text
+    with QmqpServer(qmail_home, "-t", "10") as server:
+        for uid, answer in ((qmail_home.uid, b"Kok "), (61018, b"Dsorry, that hold is longer")):
+            got = subprocess.run([sys.executable, "-c", ASK_HELD, server.socket], user=uid,
+                                 capture_output=True, timeout=60)
+            assert got.stdout.startswith(answer), (uid, got.stdout, got.stderr)
+    [msg] = queued(qmail_home)
+    assert (msg.uid, mess_mode(qmail_home, msg.n)) == (qmail_home.uid, 0o744)
