@@ -12,18 +12,16 @@ A snapshot without its trailer, or whose count disagrees, is torn. Readers
 (qmail-audit) validate each line with parse_line(); SnapshotError names what
 is wrong with one line so the rest can still be used.
 
-Writers: walk(home) for a live home (directory backend by walking queue/,
-log backend through its QueueBackend.list_messages()), and
-from_notqmail_text() for the text dump of a real notqmail queue (the tests
+Writers: walk_dir(host, queue) for a directory-backend queue, walked file by
+file (qmailpy.backends.snapshot.walk takes a whole live home, either backend),
+and from_notqmail_text() for the text dump of a real notqmail queue (the tests
 read one produced by C qmail).
 """
 import errno
 import json
 import os
 import re
-import socket
 import stat
-import time
 
 from qmailpy import envelope, layout, states
 from qmailpy.layout import CHANNELS
@@ -99,7 +97,7 @@ def message_id(head):
     return text(value) if value else None
 
 
-def _mess_message_id(queue, meta):
+def mess_message_id(queue, meta):
     """message_id() of a mess file's first HEADER_LIMIT bytes; a line cut by the limit
     is not read."""
     head = _read_file(queue, meta, HEADER_LIMIT)
@@ -275,7 +273,7 @@ def _dir_message(host, queue, n, files, problems):
     sender, recipients, bounce, mid = None, [], None, None
     try:
         if "mess" in files:
-            mid = _mess_message_id(queue, files["mess"])
+            mid = mess_message_id(queue, files["mess"])
         if "info" in files:
             sender = text(envelope.parse_info(_read_file(queue, files["info"])))
         for channel in CHANNELS:
@@ -304,51 +302,6 @@ def walk_dir(host, queue):
     found, problems = _collect_files(queue)
     for n in sorted(found):
         yield _dir_message(host, queue, n, found[n], problems.get(n, []))
-
-
-def walk_log(host, home):
-    """Message records of a log-backend home, from the backend's own reader."""
-    from qmailpy.backends import open_backend
-    backend = open_backend(home)
-    queue = layout.queue_dir(home)
-    for view in backend.list_messages():
-        recipients = [recipient(channel, *_view_record(rec))
-                      for channel in CHANNELS for rec in getattr(view, channel)]
-        problems = [view.error] if view.error else []
-        mid = None
-        try:
-            mid = _mess_message_id(queue, {"path": "mess/" + backend.message_path(view.n)})
-        except OSError as e:
-            problems.append("unreadable: message %d: %s" % (view.n, e))
-        yield message_record(host, view.n, "log", {}, text(view.sender) if view.sender is not None
-                             else None, recipients, bouncing=view.bouncing, problems=problems,
-                             state=view.state, birth=view.birth, size=view.size, message_id=mid)
-
-
-def _view_record(rec):
-    """(address, done) of a MessageView recipient: a ChannelRecord or an (address, done) pair."""
-    if hasattr(rec, "address"):
-        address, done = rec.address, rec.done
-    else:
-        address, done = rec
-    return (text(address) if isinstance(address, bytes) else address), done
-
-
-def walk(home, host=None, now=None):
-    """Every line (as a record dict) of a snapshot of one home: header, messages, trailer."""
-    from qmailpy.backends import backend_name
-    from qmailpy.home import control_int
-    host = host or socket.gethostname()
-    backend = backend_name(home)
-    lifetime = control_int(home, "queuelifetime", DEFAULT_QUEUELIFETIME)
-    yield header(host, os.path.abspath(home), backend, time.time() if now is None else now,
-                 lifetime)
-    count = 0
-    messages = walk_dir(host, layout.queue_dir(home)) if backend == "dir" else walk_log(host, home)
-    for record in messages:
-        count += 1
-        yield record
-    yield trailer(host, count)
 
 
 def write(records, out):

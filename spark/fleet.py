@@ -28,7 +28,7 @@ recipient is a duplicate (the at-least-once window), not a second hop.
 import re
 import statistics
 
-from qmailpy.queue.qmqp import qp_of
+from qmailpy.queuereply import qp_of
 from qmailpy_audit.messages import NOTICE, VIOLATION
 
 DEFAULT_SKEW = 300.0           # seconds two hosts' clocks may differ

@@ -12,6 +12,7 @@ from pyspark import StorageLevel
 from pyspark.sql import types as T
 
 from qmailpy import snapshot_format
+from qmailpy.backends import snapshot as home_snapshot
 from qmailpy.logfiles import SEND_LOG, log_set
 from qmailpy.states import DEFAULT_QUEUELIFETIME
 from qmailpy_audit import inputs as inputs_mod
@@ -190,7 +191,7 @@ def _home_inputs(f, opts):
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, "%s-%d.snapshot" % (f.host, f.order))
     with open(path, "w", encoding="utf-8") as out:
-        snapshot_format.write(snapshot_format.walk(f.path, host=f.host), out)
+        snapshot_format.write(home_snapshot.walk(f.path, host=f.host), out)
     found = [inputs_mod.InputFile(path, "snapshot", f.host, f.order)]
     logdir = os.path.join(f.path, "queue", "log")
     if os.path.isdir(logdir):

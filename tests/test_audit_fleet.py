@@ -210,12 +210,13 @@ def test_fleet_links_every_journey_and_finds_the_lost_hand_off(spark, real_fleet
 def test_hub_log_four_minutes_behind_still_links_and_its_skew_is_reported(spark, real_fleet,
                                                                           tmp_path):
     from qmailpy import snapshot_format
+    from qmailpy.backends import snapshot as home_snapshot
     relay, mx, hub, _gone = real_fleet
     copy = tmp_path / "hub"
     copy.mkdir()
     shifted_log(hub.log, copy / "qmail-send.log", -240)
     with open(copy / "queue.snapshot", "w", encoding="utf-8") as out:
-        snapshot_format.write(snapshot_format.walk(hub.home.path, host="hub"), out)
+        snapshot_format.write(home_snapshot.walk(hub.home.path, host="hub"), out)
     inputs = [relay.home.path, mx.home.path, str(copy)]
     host_map = [(relay.home.path, "relay"), (mx.home.path, "mx"), (str(copy), "hub")]
     result = _fleet_audit(spark, inputs, host_map, tmp_path / "out")

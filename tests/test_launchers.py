@@ -77,7 +77,7 @@ def test_home_bin_qmailctl_finds_the_installed_layout(venv, home):
                           capture_output=True, timeout=60)
     assert done.returncode == 0, (done.stdout + done.stderr).decode()
     probe = subprocess.run([os.path.join(venv, "bin", "python"), "-IS", "-c",
-                            "import sys; sys.path.extend(%r); from qmailpy import layout; print(layout.layout_file())"
+                            "import sys; sys.path.extend(%r); from qmailpy import hierarchy; print(hierarchy.layout_file())"
                             % ([site_packages(venv)],)], capture_output=True, timeout=60, cwd="/")
     assert probe.stdout.decode().strip() == os.path.join(venv, "share", "qmailpy", "queue-layout", "layout.conf"), \
         probe.stderr.decode()

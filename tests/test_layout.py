@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from ctl_support import check
-from qmailpy import layout, privs
+from qmailpy import hierarchy, privs
 from qmailpy.ctl.init import default_domain, plus_domain
 
 AS_ROOT = os.geteuid() == 0
@@ -180,7 +180,7 @@ def test_installer_conventions(fqdn, ddom, pdom):
 
 
 def test_layout_file_parses_and_is_found():
-    entries = layout.load_layout()
+    entries = hierarchy.load_layout()
     paths = [e.path for e in entries]
     for rel in ("queue/pid", "queue/mess", "queue/intd", "queue/todo", "queue/info", "queue/local",
                 "queue/remote", "queue/bounce", "queue/lock/trigger", "control", "users", "alias"):
@@ -195,5 +195,5 @@ def test_layout_file_parses_and_is_found():
 @pytest.mark.parametrize("text", ["dir queue qmailq qmail", "box queue qmailq qmail 0750",
                                   "dir queue qmailq qmail 07x0", "dir queue qmailq qmail 0750 12"])
 def test_malformed_layout_lines_are_rejected(text):
-    with pytest.raises(layout.LayoutError):
-        layout.parse_layout(text)
+    with pytest.raises(hierarchy.LayoutError):
+        hierarchy.parse_layout(text)

@@ -1,6 +1,6 @@
 """queue-layout/*.conf, the texts, against the code's own definitions and a real home.
 
-layout.conf is data qmailpy.layout reads; its header and the log backend's account of
+layout.conf is data qmailpy.hierarchy reads; its header and the log backend's account of
 queue/log in log-records.conf are prose that nothing reads, so they are checked here:
 field counts, owners, groups, modes and names against the modules that define them,
 and the files a real log queue holds against what log-records.conf lists.
@@ -12,7 +12,7 @@ import stat
 
 import pytest
 
-from qmailpy import layout, privs
+from qmailpy import hierarchy, layout, privs
 from qmailpy.backends.log import (commit as logcommit, counts as logcounts,
                                   recovery as logrecovery, segments as logsegments)
 
@@ -43,7 +43,7 @@ def _log_modes():
 
 
 def _log_entry():
-    (entry,) = [e for e in layout.load_layout() if e.path == "queue/log"]
+    (entry,) = [e for e in hierarchy.load_layout() if e.path == "queue/log"]
     return entry
 
 
@@ -100,7 +100,7 @@ def test_a_real_log_queue_holds_only_what_log_records_conf_lists(qmail_home, dae
     entry = _log_entry()
     st = os.stat(logdir)
     assert stat.S_IMODE(st.st_mode) == entry.mode
-    owners = layout.Owners(qmail_home.path)
+    owners = hierarchy.Owners(qmail_home.path)
     assert (st.st_uid, st.st_gid) == (owners.uid(entry.owner), owners.gid(entry.group))
 
 
@@ -108,17 +108,17 @@ def test_layout_conf_header_names_the_codes_types_roles_and_split():
     text = _text("layout.conf")
     header = "\n".join(line for line in text.splitlines() if line.startswith("#"))
     types = re.findall(r"^#\s+(?:TYPE\s+)?(dir|split|file|fifo)\s{2,}", header, re.M)
-    assert tuple(types) == layout.ENTRY_TYPES
+    assert tuple(types) == hierarchy.ENTRY_TYPES
     assert "subdirectories 0..%d" % (layout.SPLIT - 1) in header
     groups = re.search(r"GROUP\s+a group role: (.*)", header).group(1)
     assert re.findall(r"`(\w+)`", groups) == list(privs.GROUP_ROLES)
-    entries = layout.load_layout()
+    entries = hierarchy.load_layout()
     assert {e.group for e in entries} <= set(privs.GROUP_ROLES)
     assert {e.owner for e in entries} <= set(privs.USER_ROLES) | {"root"}
 
 
 def test_layout_conf_sizes_are_the_codes():
     from qmailpy.remote import tcpto
-    sizes = {e.path: e.size for e in layout.load_layout() if e.size is not None}
+    sizes = {e.path: e.size for e in hierarchy.load_layout() if e.size is not None}
     assert sizes["queue/lock/tcpto"] == tcpto.SIZE
     assert set(sizes) == {"queue/lock/tcpto", "queue/lock/tcpto6"}

@@ -267,9 +267,9 @@ def _own_as_layout(home, rel):
     qmail-rspawn's qmailr does not), and rel its mode again (chown clears setgid)."""
     if os.geteuid() != 0:
         return
-    from qmailpy import layout
-    (entry,) = [e for e in layout.load_layout() if e.path == rel]
-    owners = layout.Owners(home)
+    from qmailpy import hierarchy
+    (entry,) = [e for e in hierarchy.load_layout() if e.path == rel]
+    owners = hierarchy.Owners(home)
     uid, gid = owners.uid(entry.owner), owners.gid(entry.group)
     top = nofollow.open_path(home, rel)
     try:

@@ -15,7 +15,7 @@ def add_arguments(parser, name):
 
 
 def role_problems(home, roles):
-    from qmailpy import layout, privs
+    from qmailpy import hierarchy, privs
     problems = []
     for role in privs.USER_ROLES:
         try:
@@ -26,7 +26,7 @@ def role_problems(home, roles):
         if uid == 0:
             problems.append("control/roles: role %s is uid 0 (%s)" % (role, roles[role]))
     for group in privs.GROUP_ROLES:
-        if group == "qmaillog" and not layout.backend_is_log(home):
+        if group == "qmaillog" and not hierarchy.backend_is_log(home):
             continue                # only the log backend's files use it; real qmail has no such group
         try:
             privs.gid_of_name(roles[group])
@@ -36,10 +36,10 @@ def role_problems(home, roles):
 
 
 def problems_of(home, check_owners=True):
-    from qmailpy import layout, privs
+    from qmailpy import hierarchy, privs
     roles = privs.load_roles(home)
     problems = role_problems(home, roles)
-    problems += layout.check_hierarchy(home, owners=layout.Owners(home, roles), check_owners=check_owners)
+    problems += hierarchy.check_hierarchy(home, owners=hierarchy.Owners(home, roles), check_owners=check_owners)
     if not os.path.isfile(os.path.join(home, "control", "me")):
         problems.append("control/me: missing (every program needs this host's name)")
     if check_owners:
@@ -146,7 +146,7 @@ def trusted_file_problems(home, roles, owners=None):
 
 
 def run(args):
-    from qmailpy import layout, privs
+    from qmailpy import hierarchy, privs
     from qmailpy.home import qmail_home
     home = os.path.abspath(qmail_home(args.home))
     if not os.path.isdir(home):
@@ -158,7 +158,7 @@ def run(args):
             problems = mini_problems(home, not args.no_owners)
         else:
             problems = problems_of(home, not args.no_owners)
-    except (layout.LayoutError, privs.PrivError, OSError) as e:
+    except (hierarchy.LayoutError, privs.PrivError, OSError) as e:
         print("qmailctl check: %s" % e, file=sys.stderr)
         return 2
     for line in problems:

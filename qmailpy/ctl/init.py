@@ -76,7 +76,7 @@ def control_files(fqdn):
 
 
 def run(args):
-    from qmailpy import layout, privs
+    from qmailpy import hierarchy, privs
     from qmailpy.ctl import launchers
     from qmailpy.home import qmail_home
     home = os.path.abspath(qmail_home(args.home))
@@ -95,12 +95,12 @@ def run(args):
         if root:
             launchers.check_runnable(roles)      # before anything is written
         os.makedirs(home, exist_ok=True)
-        owners = layout.Owners(home, roles)
-        created = layout.create_hierarchy(home, owners=owners, set_owners=root)
+        owners = hierarchy.Owners(home, roles)
+        created = hierarchy.create_hierarchy(home, owners=owners, set_owners=root)
         privs.write_roles(home, roles)
         written = _write_control(home, control_files(args.me or _fqdn()), args.me, owners, root)
         programs = launchers.write(home, *((owners.uid("root"), owners.gid("qmail")) if root else ()))
-    except (OSError, layout.LayoutError, privs.PrivError, launchers.LauncherError) as e:
+    except (OSError, hierarchy.LayoutError, privs.PrivError, launchers.LauncherError) as e:
         print("qmailctl init: %s" % e, file=sys.stderr)
         return 1
     account = privs.single_user(roles)

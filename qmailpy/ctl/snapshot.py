@@ -27,7 +27,8 @@ def _records(args):
     home = qmail_home(args.home)
     if not os.path.isdir(os.path.join(home, "queue")):
         raise OSError("%s has no queue directory" % home)
-    return snapshot.walk(home, host=args.host)
+    from qmailpy.backends import snapshot as home_snapshot
+    return home_snapshot.walk(home, host=args.host)
 
 
 def run(args):

@@ -211,6 +211,7 @@ class ServerSubmission:
         if spool.error is not None:
             return _spool_failure(spool.error)
         from qmailpy.queue import qmqp
+        from qmailpy.queuereply import qp_of
         head, tail = qmqp.frame(spool.size, sender, recipients, not_before, hold)
         spool_failed = []
 
@@ -249,7 +250,7 @@ class ServerSubmission:
                       b"Zthe queue server cannot queue on hold; restart qmail-qmqpd (#4.3.0)")
         code = code_of(answer)
         if code == 0:
-            self.pid = qmqp.qp_of(answer)
+            self.pid = qp_of(answer)
             answer = b""
         return Result(code, self.pid, answer)
 

@@ -82,12 +82,6 @@ def parse_answer(data):
     return answer if answer[:1] in (b"K", b"Z", b"D") else None
 
 
-def qp_of(answer):
-    """The queueing process's pid from 'Kok TIME qp PID', or None."""
-    _, sep, rest = answer.rpartition(b" qp ")
-    return int(rest) if sep and rest.isdigit() else None
-
-
 def _reason(e):
     return e.strerror or str(e) if isinstance(e, OSError) else str(e)
 
