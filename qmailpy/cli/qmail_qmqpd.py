@@ -3,20 +3,12 @@ the queue server (qmail-qmqpd(8)).
 
 Listens on QMAILHOME/run/qmqp.sock (or on the sockets systemd passes), and with
 --tcp also on HOST:PORT for the clients control/qmqpclients allows. Started as
-root it binds first, then runs as qmailq.
+root it binds first, then runs as qmailq (qmailpy.queue.qmqpdsetup); this module only
+reads the arguments.
 """
-import os
 import sys
 
-PROG = "qmail-qmqpd"
-
-
-def _say(text):
-    try:
-        sys.stderr.write("%s: %s\n" % (PROG, text))
-        sys.stderr.flush()
-    except OSError:
-        pass
+from qmailpy.queue.qmqpdsetup import PROG
 
 
 def _parse(argv):
@@ -54,128 +46,14 @@ def _parse(argv):
     return args
 
 
-def _more_descriptors(wanted=4096):
-    import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < wanted:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY
-                                                        else min(wanted, hard), hard))
-        except (ValueError, OSError):
-            pass
-
-
-def _make_run_dir(home, rel, uid, gid):
-    """run/ for a home made before it existed: made by root in the home (root's own
-    directory), then given to qmailq through its descriptor."""
-    from qmailpy import nofollow
-    hfd = nofollow.open_home(home)
-    try:
-        try:
-            os.mkdir(rel, 0o755, dir_fd=hfd)
-        except FileExistsError:
-            return
-        if uid is not None:
-            fd = nofollow.open_dir(rel, hfd)
-            try:
-                os.fchown(fd, uid, gid)
-            finally:
-                os.close(fd)
-    finally:
-        os.close(hfd)
-
-
 def main(argv=None):
     args = _parse(sys.argv[1:] if argv is None else argv)
-    import socket
-    from qmailpy import privs
-    from qmailpy.home import qmail_home
-    from qmailpy.queue import qmailqueue, server
-    from qmailpy.queue.client import SOCKET
-    from qmailpy.clientrules import Rules
-    home = os.path.abspath(qmail_home())
-    root = os.geteuid() == 0
-    qmailqueue.prepare(home)           # once, for every queueing worker
-    try:
-        roles = privs.load_roles(home)
-        owner = privs.account(home, "qmailq", roles)
-        group = privs.group_id(home, "qmail", roles)
-    except privs.PrivError as e:
-        _say("fatal: %s" % e)
-        return 111
-
-    inherited = server.inherited_sockets(os.environ)
-    local = next((s for s in inherited if s.family == socket.AF_UNIX), None)
-    tcp = next((s for s in inherited if s.family in (socket.AF_INET, socket.AF_INET6)), None)
-    path = os.path.join(home, SOCKET)
-    bound_path = None
-    if local is None:
-        try:
-            _make_run_dir(home, os.path.dirname(SOCKET), owner.uid if root else None, group)
-        except OSError as e:
-            _say("fatal: unable to make %s: %s" % (os.path.dirname(path), e.strerror or e))
-            return 111
-    if tcp is None and args.tcp is not None:
-        try:
-            tcp = server.bind_tcp(*args.tcp)
-        except OSError as e:
-            _say("fatal: unable to bind %s:%d: %s" % (args.tcp + (e.strerror,)))
-            return 111
-    tcp_uid = rules = None
-    if tcp is not None:
-        try:
-            tcp_uid = privs.account(home, "qmaild", roles).uid
-        except privs.PrivError as e:
-            _say("fatal: QMQP over TCP is queued as qmaild: %s" % e)
-            return 111
-    try:
-        privs.become(home, "qmailq", roles)
-        os.chdir(home)
-    except (OSError, privs.PrivError) as e:
-        _say("fatal: unable to become qmailq: %s" % e)
-        return 111
-    if tcp is not None:
-        # read as qmailq, as every later refresh is: in a single-user home control/ is
-        # the user's, and root would follow a symlink or wait on a FIFO planted there
-        rules = Rules(os.path.join(home, "control", "qmqpclients"))
-        error = rules.refresh()
-        if error is not None:
-            _say("fatal: %s" % error)
-            return 111
-    if local is None:
-        # bound as qmailq, in qmailq's run/: root never chmods a name there, which qmailq
-        # could have swapped for a symlink to any file (docs/security.md "qmail-qmqpd's socket")
-        try:
-            local = server.bind_local(path)
-        except OSError as e:
-            _say("fatal: unable to listen on %s: %s" % (path, e.strerror))
-            return 111
-        bound_path = path
-
-    def warn(text):
-        _say("warning: %s; previous rules kept" % text)
-
-    def ready():
-        where = [local.getsockname() or path]
-        if tcp is not None:
-            where.append("%s:%d" % tcp.getsockname()[:2])
-        _say("listening on %s" % " and ".join(where))
-
-    _more_descriptors()                # requests waiting in line each hold one
-    kwargs = {k: v for k, v in (("limit", args.limit), ("timeout", args.timeout),
-                                ("max_use", args.max_use), ("max_idle", args.max_idle),
-                                ("per_client", args.per_client), ("reserved", args.reserved))
-              if v is not None}
-    # qmail-smtpd's sessions (qmaild) and qmail-send's bounces (qmails) all queue here
-    kwargs["unlimited"] = set(privs.role_uids(home, ("qmaild", "qmails"), roles).values())
-    try:
-        return server.Server(home, local, tcp, tcp_uid, rules, warn=warn, **kwargs).serve(ready)
-    finally:
-        if bound_path is not None:
-            try:
-                os.unlink(bound_path)
-            except OSError:
-                pass
+    from qmailpy.queue import qmqpdsetup
+    options = {k: v for k, v in (("limit", args.limit), ("timeout", args.timeout),
+                                 ("max_use", args.max_use), ("max_idle", args.max_idle),
+                                 ("per_client", args.per_client), ("reserved", args.reserved))
+               if v is not None}
+    return qmqpdsetup.run(args.tcp, options)
 
 
 if __name__ == "__main__":

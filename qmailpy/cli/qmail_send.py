@@ -2,28 +2,15 @@
 import sys
 
 
-def _drop_root(home):
-    """Started as root (qmail-start does that): run as qmails from here on, in every
-    uid slot; bounces go to qmail-qmqpd, which records "for bounce" for qmails."""
-    import os
-    if os.geteuid() != 0:
-        return
-    from qmailpy import privs
-    from qmailpy.send.loop import StartError
-    try:
-        privs.become(home, "qmails")
-    except privs.PrivError as e:
-        raise StartError("unable to switch to qmails: %s" % e) from e
-
-
 def main(argv=None):
     from qmailpy import logline
     from qmailpy.home import qmail_home
     from qmailpy.send.loop import QmailSend, StartError
+    from qmailpy.send.privileges import drop_root
     home = qmail_home()
     send = QmailSend(home)
     try:
-        _drop_root(home)
+        drop_root(home)
         send.start()
     except StartError as e:
         send.log(logline.alert("cannot start: %s" % e))
