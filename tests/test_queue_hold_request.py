@@ -153,3 +153,69 @@ def test_qmaild_queues_on_hold_where_the_queue_is_another_accounts(qmail_home):
             assert got.stdout.startswith(answer), (uid, got.stdout, got.stderr)
     [msg] = queued(qmail_home)
     assert (msg.uid, mess_mode(qmail_home, msg.n)) == (qmail_home.uid, 0o744)
+
+
+# qmail-send SIGKILLed at a point of preprocessing a held message (run by qmail-start,
+# found first on PATH): "hold_written" right after the directory backend's hold/n is on
+# disk, before todo/n goes; "preprocessed" once the backend has preprocessed the message
+# (hold/n and no todo/n, or the PREPROCESSED record with its held bit), before qmail-send
+# logs `hold msg` and hands the channels back.
+KILLING_SEND = """#!%s
+import os, signal, sys
+from qmailpy.backends.dir.holds import DirHolds
+from qmailpy.send.loop import QmailSend
+hold = DirHolds.hold
+def hold_then_die(self, n):
+    hold(self, n)
+    os.kill(os.getpid(), signal.SIGKILL)
+def die(self, n, p):
+    os.kill(os.getpid(), signal.SIGKILL)
+if %r == "hold_written":
+    DirHolds.hold = hold_then_die
+else:
+    QmailSend.preprocessed = die
+from qmailpy.cli.qmail_send import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("kill_at", ["hold_written", "preprocessed"])
+def test_a_crash_while_preprocessing_a_held_message_keeps_it_held(qmail_home, queue_backend,
+                                                                 kill_at, tmp_path):
+    """SIGKILL once the hold is on disk (hold/n before todo/n goes; the backend's
+    preprocessing done, `hold msg` not yet logged): the next qmail-send holds the message,
+    starts no delivery of it, and delivers it on release."""
+    if kill_at == "hold_written" and queue_backend == "log":
+        pytest.skip("hold/n is the directory backend's")
+    joe = LocalUsers(qmail_home).add("joe")
+    env = dict(qmail_home.env, QMAILHOLD="1")
+    assert qmail_home.queue_message(b"Subject: held\n\nkept\n", b"a@b.example",
+                                    [b"joe@test.example"], env).returncode == 0
+    [held] = [m.n for m in queued(qmail_home)]
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "qmail-send").write_text(KILLING_SEND % (sys.executable, kill_at))
+    os.chmod(bindir / "qmail-send", 0o755)
+    os.chmod(tmp_path, 0o755)
+    path = "%s:%s" % (bindir, qmail_home.env["PATH"])
+    crashing = Daemons(qmail_home, env=dict(qmail_home.env, PATH=path))
+    crashing.start()
+    try:
+        assert crashing.proc.wait(timeout=60) == -9
+    finally:
+        crashing.kill()
+    assert starts_of(crashing, held) == []
+    free = qmail_home.queue_message(b"Subject: free\n\nfree\n", b"a@b.example", [b"joe@test.example"])
+    assert free.returncode == 0
+    daemons = Daemons(qmail_home).start()
+    try:
+        daemons.wait_line(r"^end msg ")                 # the free message, queued after the crash
+        assert starts_of(daemons, held) == []
+        [got] = maildir_messages(os.path.join(joe, "Maildir"))
+        assert b"Subject: free\n" in got
+        assert ("hold msg %d" % held in daemons.lines()) == (kill_at == "hold_written")
+        assert ctl(qmail_home, "release", str(held)).stdout == b"%d: released\n" % held
+        assert len(wait_maildir(os.path.join(joe, "Maildir"), 2)) == 2
+        daemons.wait_line(r"^end msg %d$" % held)
+    finally:
+        daemons.kill()
