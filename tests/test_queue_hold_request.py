@@ -6,13 +6,16 @@ held bit), delivers nothing of it, and `qmailctl queue release` lets it go."""
 import os
 import pwd
 import re
+import smtplib
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
 from conftest import AS_ROOT
+from ctl_support import free_port
 from delivery_support import maildir_messages, wait_maildir
 from lspawn_harness import LocalUsers
 from qmqpd_harness import QmqpServer, ask, netstring, request
@@ -219,3 +222,23 @@ def test_a_crash_while_preprocessing_a_held_message_keeps_it_held(qmail_home, qu
         daemons.wait_line(r"^end msg %d$" % held)
     finally:
         daemons.kill()
+
+
+def test_qmailctl_start_keeps_a_submissions_variables_from_the_daemons(qmail_home):
+    """QMAILHOLD and QMAILNOTBEFORE ask something of one submission: left exported in the
+    shell that runs `qmailctl start`, they must not hold every message qmail-smtpd queues
+    (nor qmail-send's bounces and qmail-local's forwards) until a release or a day later."""
+    joe = LocalUsers(qmail_home).add("joe")
+    smtp = free_port()
+    shell = dict(qmail_home.env, QMAILHOLD="1", QMAILNOTBEFORE="%d" % (time.time() + 86400))
+    started = qmail_home.run(["qmailctl", "start", "--home", qmail_home.path,
+                              "--smtp", "127.0.0.1:%d" % smtp], env=shell)
+    try:
+        assert started.returncode == 0, started.stderr
+        with smtplib.SMTP("127.0.0.1", smtp, timeout=30) as s:
+            s.sendmail("a@b.example", ["joe@test.example"], b"Subject: by smtp\r\n\r\nhi\r\n")
+        [got] = wait_maildir(os.path.join(joe, "Maildir"), 1)
+        assert b"Subject: by smtp\n" in got
+    finally:
+        stopped = qmail_home.run(["qmailctl", "stop", "--home", qmail_home.path])
+    assert stopped.returncode == 0, stopped.stderr

@@ -77,11 +77,16 @@ def _logdir(home):
 def _env(home):
     """The daemons' environment: QMAILHOME, and a PATH on which qmail-start is found:
     HOME/bin first when `qmailctl init` wrote the programs there (as qmail's rc does)
-    and _bin_is_roots allows it."""
+    and _bin_is_roots allows it; without $QMAILHOLD and $QMAILNOTBEFORE."""
     import shutil
     from qmailpy.home import BIN
+    from qmailpy.mess import HOLD, NOT_BEFORE
     env = dict(os.environ)
     env["QMAILHOME"] = home
+    # one submission's requests (qmail-queue(8)): left in the shell that starts the daemons,
+    # they would hold every message qmail-smtpd queues, and qmail-send's bounces
+    for name in (HOLD, NOT_BEFORE):
+        env.pop(name, None)
     path = env.get("PATH", "/usr/bin:/bin")
     bindir = os.path.join(home, BIN)
     trusted = os.geteuid() != 0 or _bin_is_roots(home)
