@@ -238,10 +238,10 @@ now = int(time.time())
 walked = 0
 while True:                              # every runner walks until it has seen all it may see
     lq.due(now + 10**8)
-    if all(r.wake != now + 10**8 for r in lq.runners):
+    if all(r.wake != now + 10**8 for r in lq.state.runners):
         break
 rss = psutil.Process().memory_info().rss
-print(rss, time.perf_counter() - t, len(lq.active))
+print(rss, time.perf_counter() - t, len(lq.state.active))
 """
 
 
@@ -277,11 +277,11 @@ for i in range(50):
     enqueue(queue, b"x\n", b"s@x", [b"a@far.example", b"b@far.example"])
 for n in lq.new_work():
     lq.preprocess(n, lambda a: ("remote", a))
-for n in list(lq.active)[:20]:
+for n in list(lq.state.active)[:20]:
     recs = lq.recipients(n, "remote")
     lq.mark_done(n, "remote", recs[0])
 lq.checkpoint(force=True)
-for n in list(lq.active)[20:40]:
+for n in list(lq.state.active)[20:40]:
     lq.recipients(n, "remote")
 print("ready", flush=True)
 sys.stdin.read()

@@ -24,16 +24,16 @@ def install(home, program, name):
 def unlink_before_checkpoint():
     """Issue 29's order: a checkpoint removes finished bodies and all-garbage segments,
     then writes the checkpoint file that no longer needs them."""
-    from qmailpy.backends.log.recovery import LogRecovery
-    write = LogRecovery._write_checkpoint
+    from qmailpy.backends.log.recovery import Recovery
+    write = Recovery._write_checkpoint
 
     def early(self, replay, cleaning=()):
         for n in cleaning:
-            self._clean(n)
+            self.garbage.clean(n)
         del cleaning[:]                      # removed: the checkpoint no longer names them
-        self._delete_garbage_segments(replay)
+        self.garbage.delete_garbage_segments(replay)
         write(self, replay, cleaning)
-    LogRecovery._write_checkpoint = early
+    Recovery._write_checkpoint = early
 
 
 def log_dir_unsynced():

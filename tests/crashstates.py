@@ -70,7 +70,7 @@ which plays a new qmail-queue's steps at a chosen number). What modelling it wou
   fsync, or todo/'s, made B's link durable), A comes back with B's body for A's
   recipients and A's end removes B's body: an acknowledged message lost. (The defect
   bench/kill_campaign.py found, recovery cleaning a replayed FINISH's body without the
-  exclusive flock on queue/, LogRecovery._clean_replayed, needs a qmail-queue running
+  exclusive flock on queue/, Recovery._clean_replayed, needs a qmail-queue running
   across the recovery: no power-cut state has one; it stays with
   tests/test_logqueue_reused_number.py.)
 

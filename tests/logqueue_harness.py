@@ -46,8 +46,8 @@ def deliver_all(lq, deliveries_path, now=None, fail=(), defer=(), limit=1000):
         for n in lq.new_work():
             lq.preprocess(n, route)
         entries = list(lq.due(now))
-        for n in list(lq.active):
-            a = lq.active[n]
+        for n in list(lq.state.active):
+            a = lq.state.active[n]
             for c in list(a.offered):
                 if all((e.n, e.channel) != (n, c) for e in entries):
                     entries.append(_Entry(n, c))
@@ -55,14 +55,14 @@ def deliver_all(lq, deliveries_path, now=None, fail=(), defer=(), limit=1000):
             return passes
         for e in entries:
             passes += 1
-            if e.n not in lq.active:
+            if e.n not in lq.state.active:
                 continue
             if e.channel is None:
                 if lq.completion_due(e.n):
                     lq.bounce_notes(e.n) and lq.drop_bounce_notes(e.n)
                     lq.complete(e.n)
                 continue
-            if e.channel not in lq.active[e.n].channels:
+            if e.channel not in lq.state.active[e.n].channels:
                 continue
             lq.info(e.n)
             left = False

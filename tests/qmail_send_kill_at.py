@@ -2,9 +2,9 @@
 
 install_wrapper(bindir, k) writes an executable `qmail-send` into bindir; with bindir
 first in PATH, qmail-start execs it instead of the real program. It wraps the log
-backend's append (LogSegments._append) so that the K-th record that reaches its
-segment file is followed by SIGKILL, then runs the real qmail-send's main(). Only
-appends of this process count, not those of a qmail-queue it starts for a bounce.
+backend's append (Segments.append, backends/log/segments.py) so that the K-th record
+that reaches its segment file is followed by SIGKILL, then runs the real qmail-send's
+main(). Only appends of this process count, not those of a qmail-queue it starts for a bounce.
 """
 import os
 import signal
@@ -14,8 +14,8 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def kill_after_appends(k):
-    from qmailpy.backends.log.segments import LogSegments
-    append = LogSegments._append
+    from qmailpy.backends.log.segments import Segments
+    append = Segments.append
     count = 0
 
     def append_then_maybe_die(self, data, durable=False):
@@ -25,7 +25,7 @@ def kill_after_appends(k):
         if count >= k:
             os.kill(os.getpid(), signal.SIGKILL)
         return pos
-    LogSegments._append = append_then_maybe_die
+    Segments.append = append_then_maybe_die
 
 
 def install_wrapper(bindir, k):

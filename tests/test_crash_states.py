@@ -399,7 +399,7 @@ class Explorer:
             try:
                 self.wait_delivered(expected)
                 lines = d.wait_for(settled, 30, "every new msg ended")
-                # qmail-send's cleanup walk removes what outlived its message (dirqueue.py)
+                # qmail-send's cleanup walk removes what outlived its message (backends/dir/scan.py)
                 lines = d.wait_for(lambda l: all(any("removed %s left over" % o in x for x in l)
                                                  for o in orphans), 30, "orphans %s removed" % orphans)
             except AssertionError as e:
@@ -664,7 +664,7 @@ def test_dir_send_run(explorer_base):
     keeps qmail-clean's removal of an ended message's body while the earlier removals
     (info/, channel, bounce and todo/ files) are lost. The recorded run reached that
     state only when its bounce's inode fell into such a mess/S/, and it showed a defect:
-    the message was retried for good without a body (dirqueue.py _end_without_body)."""
+    the message was retried for good without a body (backends/dir/scan.py _end_without_body)."""
     ex = Explorer(explorer_base, "dir")
     queue_for_send_run(ex)
     rec = ex.record_send_run()

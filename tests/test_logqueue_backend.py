@@ -93,7 +93,7 @@ def test_runners_offer_a_deferred_channel_when_due_and_not_before(tmp_path):
     lq.recipients(n, "remote")
     t0 = int(time.time())
     lq.reschedule(n, "remote", t0 + 400)
-    assert n not in lq.active                          # memory: nothing kept for it
+    assert n not in lq.state.active                          # memory: nothing kept for it
     assert lq.due(t0) == []
     assert lq.due(t0 + 350) == []
     assert lq.next_wakeup() <= t0 + 400
@@ -185,7 +185,7 @@ def test_run_all_now_offers_every_deferred_channel(tmp_path):
         lq.recipients(n, "remote")
         lq.reschedule(n, "remote", later)
     now = int(time.time())
-    assert lq.due(now) == [] and lq.active == {}
+    assert lq.due(now) == [] and lq.state.active == {}
     lq.run_all_now()
     entries = lq.due(now)
     assert sorted((e.n, e.channel, e.due) for e in entries) == sorted((n, "remote", now) for n in ns)
@@ -212,7 +212,7 @@ def test_lost_qmail_clean_leaves_bodies_for_recovery(tmp_path):
     clean.wait(timeout=30)
     with pytest.raises(CleanerLost):
         lq.checkpoint(force=True)
-    assert os.path.exists(mess) and lq.to_clean == [n]
+    assert os.path.exists(mess) and lq.state.to_clean == [n]
     clean.stdin.close()
     clean.stdout.close()
     lq.close()
@@ -234,7 +234,7 @@ def test_a_number_reused_after_its_finish_keeps_the_new_body_through_recovery(tm
     lq.startup()
     lq.checkpoint(force=True)
     deliver_all(lq, str(tmp_path / "deliveries"))
-    assert lq.to_clean == [n]
+    assert lq.state.to_clean == [n]
     mess = os.path.join(queue, "mess", str(n % 23), str(n))
     os.unlink(mess)                                 # the clean, then the crash: no checkpoint
     lq.close()

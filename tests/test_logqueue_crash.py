@@ -31,7 +31,7 @@ from qmailpy.backends.log.queue import LogQueue
 from logqueue_harness import deliver_all
 home, dpath = sys.argv[1], sys.argv[2]
 lq = LogQueue(home, runner_lags=(0,))
-real = lq._append
+real = lq.segments.append
 def stop(what):
     os.write(1, what + b"\n")
     if not os.read(0, 1):
@@ -41,7 +41,7 @@ def append(data, durable=False):
     pos = real(data, durable)
     stop(b"after %d" % data[2])
     return pos
-lq._append = append
+lq.segments.append = append
 lq.startup()
 deliver_all(lq, dpath, fail={b"bad@r.example"})
 lq.checkpoint(force=True)

@@ -35,7 +35,7 @@ def test_a_flag_not_written_is_kept_and_puts_the_checkpoint_off(tmp_path, monkey
     lq.mark_done(n, "remote", lq.recipients(n, "remote")[0])
     lq.finish_channel(n, "remote")
     lq.complete(n)
-    owed = set(lq.garbage)
+    owed = set(lq.state.garbage)
     assert owed                               # its ENVELOPE/snapshots are superseded
     before = checkpoint_bytes(home)
 
@@ -47,12 +47,12 @@ def test_a_flag_not_written_is_kept_and_puts_the_checkpoint_off(tmp_path, monkey
         return real_pwrite(fd, data, offset)
     monkeypatch.setattr(logrecovery.os, "pwrite", failing_flags)
     lq.checkpoint(force=True, now=t + 10)
-    assert lq.garbage == owed                 # still owed, still superseded in memory
+    assert lq.state.garbage == owed                 # still owed, still superseded in memory
     assert checkpoint_bytes(home) == before   # recovery's start did not move past them
 
     monkeypatch.setattr(logrecovery.os, "pwrite", real_pwrite)
     lq.checkpoint(force=True, now=t + 20)
-    assert lq.garbage == set()
+    assert lq.state.garbage == set()
     assert checkpoint_bytes(home) != before
     for seg, offset in owed:                  # the flags now read garbage on disk
         path = os.path.join(queue, "log", segment_name(seg))

@@ -73,7 +73,7 @@ def test_reader_keeps_up_with_concurrent_injectors(tmp_path):
     want = sorted(b"%s%d.%d@%s" % (p, i, j, d) for i in range(procs) for j in range(count)
                   for p, d in ((b"u", b"test.example"), (b"r", b"far.example")))
     assert got == want
-    assert lq.problems == []
+    assert lq.state.problems == []
     lq.checkpoint(force=True)
     assert lq.counts() == (0, 0)
     lq.close()

@@ -124,10 +124,10 @@ def test_torn_tail_at_every_byte_of_the_last_record(tmp_path):
         lq.startup()
         assert sorted(lq.new_work()) == sorted(ns[:-1]), cut
         if cut > start:
-            assert [p.kind for p in lq.problems] == [R.TORN]
+            assert [p.kind for p in lq.state.problems] == [R.TORN]
             assert warnings and b"torn record at offset %d" % start in warnings[0]
         else:
-            assert lq.problems == []
+            assert lq.state.problems == []
         lq.close()
         # the torn bytes were cut off: the head ends at the last good record again
         assert os.path.getsize(seg) == start
@@ -148,7 +148,7 @@ def test_flipped_byte_in_a_middle_record_is_quarantined_and_reported(tmp_path):
     lq = LogQueue(home, log=warnings.append)
     lq.startup()
     assert sorted(lq.new_work()) == sorted(ns[:2] + ns[3:])
-    assert [(p.kind, p.start, p.end) for p in lq.problems] == [
+    assert [(p.kind, p.start, p.end) for p in lq.state.problems] == [
         (R.CORRUPT, victim.pos[1], victim.pos[1] + victim.length)]
     assert any(b"corrupt record at offset %d" % victim.pos[1] in w for w in warnings)
     qfile = os.path.join(home, "queue", "log", QUARANTINE, "1.%d" % victim.pos[1])
@@ -204,7 +204,7 @@ def _damage_and_deliver(base, work, offset, value, checkpoint):
     try:
         lq.startup()
         deliver_all(lq, os.path.join(work, "deliveries"), now=int(time.time()) + 10**6)
-        return lq.problems, set(deliveries(os.path.join(work, "deliveries")))
+        return lq.state.problems, set(deliveries(os.path.join(work, "deliveries")))
     finally:
         lq.close()
 

@@ -90,7 +90,7 @@ def test_stale_cleanup_waits_for_the_restore_then_spares_only_older_bodies(tmp_p
     lq = LogQueue(home)
     lq.startup()
     lq.run_all_now()
-    lq.due(lq.last_checkpoint)                            # quarantines the stretch; no checkpoint yet
+    lq.due(lq.state.last_checkpoint)                            # quarantines the stretch; no checkpoint yet
     qdir = os.path.join(queue, "log", QUARANTINE)
     assert os.listdir(qdir) == ["1.%d" % victim.pos[1]]
     later = 2 ** 40

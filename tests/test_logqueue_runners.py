@@ -11,7 +11,7 @@ from logqueue_harness import make_queue, route
 def _deferred(lq, n, when):
     lq.recipients(n, "remote")
     lq.reschedule(n, "remote", when)
-    assert n not in lq.active              # handed back: the runners offer it again
+    assert n not in lq.state.active              # handed back: the runners offer it again
 
 
 def test_a_later_record_due_sooner_is_offered_at_its_own_time_and_after_a_restart(tmp_path):
@@ -27,11 +27,11 @@ def test_a_later_record_due_sooner_is_offered_at_its_own_time_and_after_a_restar
     lq.due(t - 10)
     _deferred(lq, x, t + 1000)                # X's REPLACEMENT first, due later
     _deferred(lq, y, t + 100)                 # Y's after it, due sooner
-    assert lq.active == {}
+    assert lq.state.active == {}
     assert lq.due(t + 99) == []
-    assert lq.next_wakeup() in (t + 100, lq.last_checkpoint + 5)
+    assert lq.next_wakeup() in (t + 100, lq.state.last_checkpoint + 5)
     assert [(e.n, e.channel, e.due) for e in lq.due(t + 100)] == [(y, "remote", t + 100)]
-    assert lq.runners[0].wake == t + 1000
+    assert lq.state.runners[0].wake == t + 1000
     lq.mark_done(y, "remote", lq.recipients(y, "remote")[0])
     lq.finish_channel(y, "remote")
     lq.complete(y)

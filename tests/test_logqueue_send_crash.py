@@ -31,6 +31,7 @@ from send_harness import Daemons
 
 from qmailpy.backends.log import records as R
 from qmailpy.backends.log.queue import LogQueue
+from qmailpy.backends.log.recovery import read_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("queue_backend", ["log"], indirect=True)]
 
@@ -158,7 +159,7 @@ def live_records(home):
         live = [(rec.type, rec.n) for rec in lq.scan()
                 if rec.type in (R.ENVELOPE,) + R.SNAPSHOTS and not rec.garbage]
         states = lq.latest_states()
-        cp = lq._read_checkpoint()
+        cp = read_checkpoint(lq.logdir, lq.state.warn)
     finally:
         lq.close()
     return live, states, {k: cp[k] for k in ("counts", "pending", "active")}

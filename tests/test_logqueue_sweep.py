@@ -38,7 +38,7 @@ def test_a_paused_sweep_does_not_offer_a_message_finished_meanwhile(tmp_path):
         lq.reschedule(n, "remote", t + 1000)
     lq.recipients(b, "remote")
     lq.reschedule(b, "remote", t + 100)       # B, due sooner, written after them
-    assert lq.active == {}
+    assert lq.state.active == {}
     lq.due(t)                                 # the runner passes them all, none due yet
 
     lq.run_all_now()                          # SIGALRM: the sweep offers the first
@@ -46,7 +46,7 @@ def test_a_paused_sweep_does_not_offer_a_message_finished_meanwhile(tmp_path):
     for _ in range(10):
         offered += [e.n for e in lq.due(t)]
     assert sorted(offered) == sorted(many)
-    assert lq.flusher is not None             # paused just before B
+    assert lq.state.flusher is not None             # paused just before B
 
     # meanwhile the runner offers B at its time and B is delivered and finished
     assert [e.n for e in lq.due(t + 100)] == [b]
@@ -61,9 +61,9 @@ def test_a_paused_sweep_does_not_offer_a_message_finished_meanwhile(tmp_path):
     again = []
     for _ in range(10):
         again += [e.n for e in lq.due(t + 100)]
-        if lq.flusher is None:
+        if lq.state.flusher is None:
             break
-    assert lq.flusher is None                 # the sweep ended
+    assert lq.state.flusher is None                 # the sweep ended
     assert b not in again, "the sweep offered finished message %d again" % b
-    assert b not in lq.active
+    assert b not in lq.state.active
     lq.close()

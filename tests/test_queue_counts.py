@@ -48,7 +48,7 @@ def work(lq, far):
     deferred to `far`, messages with no channel left completed."""
     for n in lq.new_work():
         lq.preprocess(n, route)
-    for n in list(lq.active):
+    for n in list(lq.state.active):
         for channel in lq.channels_left(n):
             records = lq.recipients(n, channel)
             if channel == "remote":
@@ -91,7 +91,7 @@ def test_counters_follow_the_log(tmp_path):
     for i in range(20, 26):
         submit(i)
     lq.new_work()
-    fresh = sorted(lq.pending_new)
+    fresh = sorted(lq.state.pending_new)
     lq.preprocess(fresh[0], route)
     lq.recipients(fresh[0], "local")                # a pass in flight when it dies
     for i in range(26, 29):
@@ -108,7 +108,7 @@ def test_counters_follow_the_log(tmp_path):
             os.unlink(os.path.join(logdir, logcounts.COUNTS))
         lq = LogQueue(home, segment_limit=LIMIT)
         lq.startup()
-        assert lq.state_counts.as_dict() == exact
+        assert lq.state.state_counts.as_dict() == exact
         lq.close()
         counted, again = counted_now(home)
         assert counted == again == exact

@@ -69,7 +69,7 @@ def test_a_walk_in_steps_follows_what_qmail_send_writes_meanwhile(tmp_path):
         lq.let_go(behind)
         assert locator.where(behind) == _newest_snapshots(lq)[behind] != newest[behind]
         lq.forget(locator)
-        assert lq.locators == []
+        assert lq.state.locators == []
     finally:
         lq.close()
 

@@ -125,7 +125,7 @@ def queue_sizes(backend, queue):
     """{state: count, "total": n} of qmail-send's queue, or None while unknown: the log
     backend's own counters (backends/log/counts.py), the directory backend's counts."""
     if backend.name == "log":
-        counts = backend.state_counts
+        counts = backend.state.state_counts
         return counts.as_dict() if counts is not None else None
     from qmailpy.backends.dir.listing import state_counts
     return state_counts(queue)

@@ -3,7 +3,12 @@
 A cursor reads records forward from a position, across segments, never past the
 committed end of the head. A runner is a cursor that walks the log a fixed lag
 behind the head and remembers (due, position) of snapshots it passed before they
-were due (log/runners.py explains how runners find work).
+were due (runners.py explains how runners find work).
+
+Interface: Cursor(segments, pos) reads through `segments` (Segments, segments.py,
+or a reader's quiet stand-in, readers.py): segment_fd(), next_segment(), writer.head()
+and problem() for a damaged stretch met on the way. Runner holds a cursor and its
+heap. Neither writes anything.
 """
 import heapq
 import os
@@ -16,8 +21,8 @@ _CHUNK = 256 * 1024
 class Cursor:
     """Reads records forward from a position, a buffer at a time, across segments."""
 
-    def __init__(self, queue, pos):
-        self.q = queue
+    def __init__(self, segments, pos):
+        self.segments = segments
         self.seg, self.off = pos
         self.buf, self.buf_off = b"", 0
 
@@ -36,15 +41,15 @@ class Cursor:
                 length = R.frame_length(self.buf, rel)
                 if length is not None:
                     return self.buf, rel, length
-            fd = self.q._segment_fd(self.seg)
+            fd = self.segments.segment_fd(self.seg)
             size = os.fstat(fd).st_size if fd is not None else 0
-            head, end = self.q.writer.head()
+            head, end = self.segments.writer.head()
             if self.seg == head:
                 # Never past the committed end: beyond it lie records being written, or
                 # the remains of an appender that died, which the next appender overwrites.
                 size = min(size, end)
             if self.off >= size:
-                nxt = self.q._next_segment(self.seg)
+                nxt = self.segments.next_segment(self.seg)
                 if nxt is None or fd is not None and self.seg == head:
                     return None
                 self.seg, self.off = nxt, R.HEADER_SIZE
@@ -63,10 +68,10 @@ class Cursor:
             if resume is None:
                 if self.seg == head:
                     return None          # a torn tail: recovery cuts it
-                self.q._problem(R.Problem(R.TORN, self.seg, self.off, size), rest)
+                self.segments.problem(R.Problem(R.TORN, self.seg, self.off, size), rest)
                 self.off = size
             else:
-                self.q._problem(R.Problem(R.CORRUPT, self.seg, self.off, self.off + resume),
+                self.segments.problem(R.Problem(R.CORRUPT, self.seg, self.off, self.off + resume),
                                 rest[:resume])
                 self.off += resume
             self.invalidate()
@@ -82,7 +87,7 @@ class Cursor:
             if rec is not None:
                 rec.pos = (self.seg, self.off)
                 return rec
-            self.q._problem(R.Problem(R.CORRUPT, self.seg, self.off, self.off + length),
+            self.segments.problem(R.Problem(R.CORRUPT, self.seg, self.off, self.off + length),
                             buf[rel:rel + length])
             self.off += length
 

@@ -12,13 +12,22 @@ BOUNCE-NOTE records read after it folded in and every channel due now. A recipie
 may be delivered twice; none is stranded. Each restored message is logged
 (logline.state_restored). A quarantined stretch is named in quarantine/restored
 once its messages are restored, so a restart does not read the whole log again.
+
+Interface: DamageRestorer(state, segments, garbage, readers) with a LogState
+(state.py), Segments (segments.py), Garbage (garbage.py) and Readers (readers.py,
+whose scan() reads the whole log). restore() takes state.damage, reads
+state.active, state.pending_new and state.new_cursor, appends the restored records,
+wakes state.runners[0], writes quarantine/restored and logs each message through
+state.log. The functions restorable(), stranded() and quarantined() read only what
+they are given and the files they name. Owns nothing.
 """
 import os
 
 from qmailpy import logline, trigger
 from qmailpy.backends.log import records as R
 from qmailpy.backends.base import QueueError
-from qmailpy.backends.log.segments import QUARANTINE, now as _now
+from qmailpy.backends.log.segments import QUARANTINE
+from qmailpy.backends.log.state import now as _now
 from qmailpy.layout import relpath
 
 RESTORED = "restored"
@@ -75,38 +84,42 @@ def quarantined(logdir):
     return sorted(stretches), newest
 
 
-class LogDamage:
-    """Mixin of LogQueue: needs self.damage, a list of damaged (segment, offset) not yet dealt with."""
+class DamageRestorer:
+    def __init__(self, state, segments, garbage, readers):
+        self.state = state
+        self.segments = segments
+        self.garbage = garbage
+        self.readers = readers
 
-    def _restore_damaged(self):
+    def restore(self):
         """Bring back every message stranded by the damage found so far (see the module)."""
-        if not self.damage:
+        if not self.state.damage:
             return
-        damage, self.damage = sorted(set(self.damage)), []
-        bound = self.new_cursor.pos                  # _scan_new has read (and counted) up to here
+        damage, self.state.damage = sorted(set(self.state.damage)), []
+        bound = self.state.new_cursor.pos                  # _scan_new has read (and counted) up to here
         try:
-            records = [r for r in self.scan(report=False) if r.pos < bound]
+            records = [r for r in self.readers.scan(report=False) if r.pos < bound]
             restored = []
             for n, (rec, deltas) in sorted(stranded(records).items()):
-                if n in self.active or n in self.pending_new or not restorable(self.queue, rec):
+                if n in self.state.active or n in self.state.pending_new or not restorable(self.state.queue, rec):
                     continue
                 restored.append((rec, deltas))
-                pos = self._append(self._restored(rec, deltas))
+                pos = self.segments.append(self._restored(rec, deltas))
                 if rec.type in R.SNAPSHOTS:
-                    self._count(pos, 1)              # an ENVELOPE is counted when _scan_new reads it
+                    self.garbage.count(pos, 1)              # an ENVELOPE is counted when _scan_new reads it
                 after = [d for d in damage if d > rec.pos] or damage[-1:]
-                if self._log is not None:
-                    self._log(logline.state_restored(n, rec.pos[0], rec.pos[1], *after[0]))
-                if self.runners:
-                    self.runners[0].wait_until(_now())   # its due() offers a restored snapshot
-            self.writer.sync_to(*self._tail())
+                if self.state.log is not None:
+                    self.state.log(logline.state_restored(n, rec.pos[0], rec.pos[1], *after[0]))
+                if self.state.runners:
+                    self.state.runners[0].wait_until(_now())   # its due() offers a restored snapshot
+            self.segments.writer.sync_to(*self.segments.tail())
             if any(rec.type == R.ENVELOPE for rec, _ in restored):
-                trigger.pull(self.queue)                 # qmail-send's todo scan reads an ENVELOPE
+                trigger.pull(self.state.queue)                 # qmail-send's todo scan reads an ENVELOPE
             self._mark_restored(damage)
         except (OSError, QueueError) as e:
             # the next checkpoint tries again; a record restored twice only repeats a delivery
-            self.damage = damage + self.damage
-            self._warn("trouble restoring messages after log damage: %s" % e)
+            self.state.damage = damage + self.state.damage
+            self.state.warn("trouble restoring messages after log damage: %s" % e)
 
     @staticmethod
     def _restored(rec, deltas):
@@ -127,7 +140,7 @@ class LogDamage:
                                  {c: (due, [tuple(r) for r in rcpts]) for c, (due, rcpts) in channels.items()})
 
     def _mark_restored(self, damage):
-        qdir = os.path.join(self.logdir, QUARANTINE)
+        qdir = os.path.join(self.state.logdir, QUARANTINE)
         names = set("%d.%d" % d for d in damage)
         try:
             with open(os.path.join(qdir, RESTORED), "rb") as f:

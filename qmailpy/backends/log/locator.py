@@ -21,14 +21,14 @@ _NONE, _SNAPSHOT, _FINISHED = 0, 1, 2
 
 
 class Locator:
-    def __init__(self, queue, numbers):
+    def __init__(self, segments, numbers):
         self.numbers = numbers
         size = len(numbers)
         self.segs = array("q", bytes(8 * size))
         self.offs = array("q", bytes(8 * size))
         self.kinds = array("b", bytes(size))
-        segments = queue._segments() if size else None
-        self.cursor = Cursor(queue, (segments[0], R.HEADER_SIZE)) if segments else None
+        found = segments.segments() if size else None
+        self.cursor = Cursor(segments, (found[0], R.HEADER_SIZE)) if found else None
         self.low, self.high = (numbers[0], numbers[-1]) if size else (1, 0)
 
     def _index(self, n):

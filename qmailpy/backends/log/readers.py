@@ -1,5 +1,12 @@
 """Readers of the log backend: qmail-qread, qmail-qstat, snapshots, conversion, and
 the 36-hour cleanup. Each reads the whole log (scan()); qmail-send's own work never does.
+
+Interface: Readers(state, segments) with a LogState (state.py) and Segments
+(segments.py). Reads the segments, queue/log/checkpoint, queue/log/counts,
+quarantine/ and mess/; of the state only logdir, queue, active and pending_new (the
+cleanup spares messages in memory). Writes nothing: damage met while reading is
+warned about (scan) or skipped (stream_states, current_counts), never quarantined.
+Owns nothing.
 """
 import os
 
@@ -7,13 +14,16 @@ from qmailpy import states
 from qmailpy.backends.log import counts as logcounts, records as R
 from qmailpy.backends.base import MessageView
 from qmailpy.backends.log.damage import quarantined, restorable
+from qmailpy.backends.log.recovery import read_checkpoint
 from qmailpy.envelope import ChannelRecord
 from qmailpy.layout import CHANNELS, SPLIT, is_number
 from qmailpy.states import LEFTOVER_AGE
 
 
-class LogReaders:
-    """Mixin of LogQueue: stale_messages(), list_messages(), counts() and their full scan."""
+class Readers:
+    def __init__(self, state, segments):
+        self.state = state
+        self.segments = segments
 
     def stale_messages(self, now):
         """mess/ files older than 36 h that no live record names.
@@ -22,13 +32,13 @@ class LogReaders:
         that, none that already existed when the newest stretch was quarantined: such
         a body may be a message whose every record was destroyed, kept for the
         operator until the files in quarantine/ are removed."""
-        unrestored, damaged_at = quarantined(self.logdir)
+        unrestored, damaged_at = quarantined(self.state.logdir)
         if unrestored:
-            self._warn("log has quarantined records not yet restored; stale message cleanup skipped")
+            self.state.warn("log has quarantined records not yet restored; stale message cleanup skipped")
             return
         candidates = set()
         for s in range(SPLIT):
-            d = os.path.join(self.queue, "mess", str(s))
+            d = os.path.join(self.state.queue, "mess", str(s))
             try:
                 names = os.listdir(d)
             except OSError:
@@ -44,7 +54,7 @@ class LogReaders:
                         candidates.add(int(name))
         if not candidates:
             return
-        candidates -= set(self.active) | set(self.pending_new)
+        candidates -= set(self.state.active) | set(self.state.pending_new)
         for rec in self.scan():
             if not rec.garbage and rec.type in (R.ENVELOPE,) + R.SNAPSHOTS:
                 candidates.discard(rec.n)
@@ -53,8 +63,8 @@ class LogReaders:
 
     def scan(self, report=True):
         """Every record of every segment, in log order (readers and conversion)."""
-        for seg in self._segments():
-            fd = self._segment_fd(seg)
+        for seg in self.segments.segments():
+            fd = self.segments.segment_fd(seg)
             if fd is None:
                 continue
             data = os.pread(fd, os.fstat(fd).st_size, 0)
@@ -62,11 +72,11 @@ class LogReaders:
                 R.parse_segment_header(data)
             except R.RecordError:
                 continue
-            head = seg == self._head_segment()
+            head = seg == self.segments.head_segment()
             records, problems, _ = R.decode(data, seg, final=not head)
             if report:
                 for p in problems:
-                    self._warn(p.describe())
+                    self.state.warn(p.describe())
             yield from records
 
     def latest_states(self):
@@ -76,7 +86,7 @@ class LogReaders:
             _fold(msgs, rec)
         # A newest record flagged garbage lost its successor: to damage (qmail-send
         # restores it) or, with the body gone too, to a FINISH in a deleted segment.
-        return {n: m for n, m in msgs.items() if not m["rec"].garbage or restorable(self.queue, m["rec"])}
+        return {n: m for n, m in msgs.items() if not m["rec"].garbage or restorable(self.state.queue, m["rec"])}
 
     def stream_states(self):
         """(record, done, notes) of every message in the log, newest ENVELOPE or snapshot
@@ -92,11 +102,11 @@ class LogReaders:
         changes while the log is read may be missed or shown in its older state.
         """
         from qmailpy.backends.log.cursor import Cursor
-        segments = self._segments()
-        if not segments or not os.path.exists(os.path.join(self.logdir, "commit")):
+        segments = self.segments.segments()
+        if not segments or not os.path.exists(os.path.join(self.state.logdir, "commit")):
             return
         first = (segments[0], R.HEADER_SIZE)
-        cp = self._read_checkpoint()
+        cp = read_checkpoint(self.state.logdir, self.state.warn)
         touched, start = set(), first
         if cp is not None:
             start = tuple(cp["replay"])
@@ -104,7 +114,7 @@ class LogReaders:
                 touched.add(int(n))
                 if delta:
                     start = min(start, tuple(delta))
-        reader = _QuietReader(self)
+        reader = _QuietReader(self.segments)
         cur = Cursor(reader, start)
         while True:
             head = cur.peek_schedule()
@@ -131,20 +141,20 @@ class LogReaders:
                     yield rec, set(), rec.notes if type in R.SNAPSHOTS else b""
             cur.skip(length)
         for n, m in folded.items():
-            if not m["rec"].garbage or restorable(self.queue, m["rec"]):
+            if not m["rec"].garbage or restorable(self.state.queue, m["rec"]):
                 yield m["rec"], set(m["done"]), m["notes"]
 
     def current_counts(self):
         """logcounts.Counts of the whole log now: qmail-send's last counts file plus the
         records after it; None when there is no usable file (count with stream_states())."""
         from qmailpy.backends.log.cursor import Cursor
-        if not self._segments() or not os.path.exists(os.path.join(self.logdir, "commit")):
+        if not self.segments.segments() or not os.path.exists(os.path.join(self.state.logdir, "commit")):
             return logcounts.Counts(pos=(0, R.HEADER_SIZE))
-        counts = logcounts.read(self.logdir)
+        counts = logcounts.read(self.state.logdir)
         if counts is None:
             return None
-        cur = Cursor(_QuietReader(self), counts.pos)
-        logcounts.count_from(cur, counts, self._read_at)
+        cur = Cursor(_QuietReader(self.segments), counts.pos)
+        logcounts.count_from(cur, counts, self.segments.read_at)
         counts.pos = cur.pos
         return counts
 
@@ -184,7 +194,7 @@ class LogReaders:
         in_mess = 0
         for s in range(SPLIT):
             try:
-                in_mess += sum(1 for name in os.listdir(os.path.join(self.queue, "mess", str(s)))
+                in_mess += sum(1 for name in os.listdir(os.path.join(self.state.queue, "mess", str(s)))
                                if is_number(name) and int(name) not in finished)
             except OSError:
                 pass
@@ -210,18 +220,18 @@ def _fold(msgs, rec):
 
 
 class _QuietReader:
-    """What a Cursor needs of a LogQueue, for a reader: damage is skipped, not
+    """What a Cursor needs of Segments, for a reader: damage is skipped, not
     reported or quarantined (qmail-send does that when it meets it)."""
 
-    def __init__(self, queue):
-        self.q = queue
-        self.writer = queue.writer
+    def __init__(self, segments):
+        self.segments = segments
+        self.writer = segments.writer
 
-    def _segment_fd(self, seg):
-        return self.q._segment_fd(seg)
+    def segment_fd(self, seg):
+        return self.segments.segment_fd(seg)
 
-    def _next_segment(self, seg):
-        return self.q._next_segment(seg)
+    def next_segment(self, seg):
+        return self.segments.next_segment(seg)
 
-    def _problem(self, problem, data):
+    def problem(self, problem, data):
         pass

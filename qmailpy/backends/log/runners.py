@@ -12,6 +12,13 @@ REPLACEMENT, so old segments empty.
 
 SIGALRM's run_all_now() is a separate sweep (the flusher) from the oldest segment
 to the tail, offering at most FLUSH_IN_FLIGHT messages at a time.
+
+Interface: Runners(state, segments, recovery) with a LogState (state.py), Segments
+(segments.py) and Recovery (recovery.py: recover() before the first walk, a
+checkpoint() after each due(), ended_without_body() for an offered message whose
+body is gone). Reads the log through state.runners' cursors and state.flusher;
+reads state.garbage; puts what it offers in flight (state.active). Appends nothing
+itself. Owns nothing.
 """
 import heapq
 
@@ -20,7 +27,7 @@ from qmailpy.backends.base import QueueError, Scheduled
 from qmailpy.backends.log.cursor import Cursor
 from qmailpy.backends.log.inflight import InFlight
 from qmailpy.backends.log.recovery import CHECKPOINT_EVERY
-from qmailpy.backends.log.segments import now as _now
+from qmailpy.backends.log.state import now as _now
 
 # Runner lags (seconds behind the head). qmail's retry intervals run from 100 s
 # to about 9 h; a deferred message is met no earlier than it is due and at most
@@ -31,24 +38,27 @@ RUNNER_HELD = 4096            # not-yet-due snapshots one runner remembers havin
 FLUSH_IN_FLIGHT = 1000        # run_all_now(): messages offered at once
 
 
-class LogRunners:
-    """Mixin of LogQueue: due(), next_wakeup() and run_all_now() of the backend interface."""
+class Runners:
+    def __init__(self, state, segments, recovery):
+        self.state = state
+        self.segments = segments
+        self.recovery = recovery
 
     def due(self, now=None):
         """Scheduled entries the runners found due (channel None = completion)."""
         now = _now() if now is None else now
-        if not self.recovered:
-            self.recover()
+        if not self.state.recovered:
+            self.recovery.recover()
         found = []
-        tail = self._tail()                      # one read of the commit word, not one per runner
-        for i, r in enumerate(self.runners):
+        tail = self.segments.tail()                      # one read of the commit word, not one per runner
+        for i, r in enumerate(self.state.runners):
             if r.idle(now, tail):
                 continue
-            slower = self.runner_lags[i + 1] if i + 1 < len(self.runners) else None
+            slower = self.state.runner_lags[i + 1] if i + 1 < len(self.state.runners) else None
             self._walk(r, slower, now, found)
-        if self.flusher is not None:
+        if self.state.flusher is not None:
             self._flush(now, found)
-        self.checkpoint(now=now)
+        self.recovery.checkpoint(now=now)
         return found
 
     def _walk(self, r, slower, now, found):
@@ -56,7 +66,7 @@ class LogRunners:
         cur = r.cursor
         r.wake = r.held[0][0] if r.held else 0
         r.parked = False
-        garbage, active = self.garbage, self.active
+        garbage, active = self.state.garbage, self.state.active
         for _ in range(RUNNER_BATCH):
             head = cur.peek_schedule()
             if head is None:
@@ -67,7 +77,7 @@ class LogRunners:
                 r.parked = True
                 return
             if (dues is not None and n not in active and (cur.seg, cur.off) not in garbage
-                    and not self._flagged_garbage(flags, cur.pos, length)):
+                    and not self.segments.flagged_garbage(flags, cur.pos, length)):
                 ready = [c for c, due in dues.items() if due <= now]
                 if not dues or ready:
                     rec = cur.peek()
@@ -89,14 +99,14 @@ class LogRunners:
         """Offer the snapshots this runner passed before they were due, now due."""
         while r.held and r.held[0][0] <= now:
             _, pos = heapq.heappop(r.held)
-            if pos in self.garbage:
+            if pos in self.state.garbage:
                 continue
             try:
-                rec = self._read_at(pos)
+                rec = self.segments.read_at(pos)
             except QueueError:
                 continue                         # its segment is gone: it was garbage
-            if (rec.type not in R.SNAPSHOTS or rec.n in self.active or rec.held
-                    or self._flagged_garbage(rec.flags, pos, rec.length)):
+            if (rec.type not in R.SNAPSHOTS or rec.n in self.state.active or rec.held
+                    or self.segments.flagged_garbage(rec.flags, pos, rec.length)):
                 continue
             ready = [c for c, (due, _) in rec.channels.items() if due <= now]
             self._offer(rec, ready or [None], now, found)
@@ -109,23 +119,23 @@ class LogRunners:
         arrives during a sweep does not restart it (signals faster than a sweep of
         a large log would then never let it reach the later messages): it asks
         for one more sweep once this one ends."""
-        if self.flusher is not None:
-            self.flush_again = True
+        if self.state.flusher is not None:
+            self.state.flush_again = True
             return
-        segments = self._segments()
+        segments = self.segments.segments()
         if segments:
-            self.flusher = (Cursor(self, (segments[0], R.HEADER_SIZE)), self._tail())
+            self.state.flusher = (Cursor(self.segments, (segments[0], R.HEADER_SIZE)), self.segments.tail())
 
     def _flush_done(self):
-        self.flusher = None
-        if self.flush_again:
-            self.flush_again = False
+        self.state.flusher = None
+        if self.state.flush_again:
+            self.state.flush_again = False
             self.run_all_now()
 
     def _flush(self, now, found):
-        cur, stop = self.flusher
+        cur, stop = self.state.flusher
         for _ in range(RUNNER_BATCH):
-            if len(self.active) >= FLUSH_IN_FLIGHT:
+            if len(self.state.active) >= FLUSH_IN_FLIGHT:
                 return
             if cur.pos >= stop:
                 self._flush_done()
@@ -135,8 +145,8 @@ class LogRunners:
                 self._flush_done()
                 return
             type, flags, _, n, dues, length = head
-            if (dues is not None and n not in self.active and cur.pos not in self.garbage
-                    and not self._flagged_garbage(flags, cur.pos, length)):
+            if (dues is not None and n not in self.state.active and cur.pos not in self.state.garbage
+                    and not self.segments.flagged_garbage(flags, cur.pos, length)):
                 rec = cur.peek()
                 if rec is None:
                     return
@@ -144,19 +154,20 @@ class LogRunners:
             cur.skip(length)
 
     def _offer(self, rec, channels, now, found, at=None):
-        if self.ended_without_body(rec.n, rec.pos):
+        if self.recovery.ended_without_body(rec.n, rec.pos):
             return
         a = InFlight(rec.n, rec.pos, rec)
         a.offered = set(channels)
-        self.active[rec.n] = a
+        self.state.active[rec.n] = a
         for c in channels:
             found.append(Scheduled(rec.n, c, now if c is None or at is not None else a.channels[c][0]))
 
     def next_wakeup(self):
         """Epoch second when due() may find more (None: nothing pending)."""
-        wakes = [r.wake for r in self.runners if r.wake]
-        if self.flusher is not None:
+        wakes = [r.wake for r in self.state.runners if r.wake]
+        if self.state.flusher is not None:
             wakes.append(0)
-        if self.garbage or self.active or self.to_clean or self.replayed_clean or self.damage:
-            wakes.append(self.last_checkpoint + CHECKPOINT_EVERY)
+        state = self.state
+        if state.garbage or state.active or state.to_clean or state.replayed_clean or state.damage:
+            wakes.append(state.last_checkpoint + CHECKPOINT_EVERY)
         return min(wakes) if wakes else None
