@@ -1,7 +1,7 @@
 """The log backend's side of qmail-send's commands (qmailctl queue ...; docs/log-queue.md "Held messages").
 
 A message a command names is brought in flight (`active`) from its live snapshot,
-found by a Locator's walk of the log (log/locator.py: there is no index by number),
+found by a Locator's walk of the log (locator.py: there is no index by number),
 and acted on with the backend's usual records: a hold or a release is a REPLACEMENT
 with the held bit of its `sched` byte set or clear (the runners never offer a
 held snapshot), a requeue a REPLACEMENT whose channels are due now, a delete a

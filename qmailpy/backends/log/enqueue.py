@@ -4,7 +4,7 @@ qmail-queue writes the body to mess/ exactly as for the directory backend
 (S1 -> S2: pid/ file, link to mess/S/n, Received line + fd 0, fsync; the steps
 are qmailpy.mess, shared by both); then, instead of intd/ and todo/, it appends
 one ENVELOPE record and returns only once the record is durable. Concurrent
-qmail-queues share fsyncs (logcommit's group commit).
+qmail-queues share fsyncs (commit.py's group commit).
 
 Imports stay small: this runs once per message.
 """

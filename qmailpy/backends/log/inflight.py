@@ -1,7 +1,10 @@
 """A message the log backend's qmail-send is working on ("in flight").
 
 Its S5 state is its latest snapshot record plus the deltas appended since
-(log/queue.py); only messages in flight are held in memory.
+(queue.py); only messages in flight are held in memory, in LogState.active
+(state.py). An InFlight is built from a snapshot record by the part that puts the
+message in flight (newwork.py, runners.py, commands.py, recovery.py) and changed by
+deliveries.py, commands.py and recovery.py; it reads and writes no file.
 """
 
 

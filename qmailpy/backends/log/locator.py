@@ -1,4 +1,4 @@
-"""Where the messages a command names are in the log (log/commands.py; docs/log-queue.md
+"""Where the messages a command names are in the log (commands.py; docs/log-queue.md
 "Held messages"): the log has no index by number, so qmail-send finds them by walking it.
 
 A Locator holds the command's numbers (ascending, an array of 8 bytes each) and, for
@@ -9,6 +9,11 @@ qmail-send goes on delivering between steps; the walk is done at the end of the 
 qmail-send's own appends (the only snapshots and FINISHes written while it runs)
 are noted as they are made, before and after the walk passes them: of two records,
 the later one in the log is the newer, whichever was noted first.
+
+Interface: Locator(segments, numbers) reads the log through `segments` (Segments,
+segments.py) with its own Cursor; Segments.append calls note() for qmail-send's own
+appends while the locator is in state.locators (commands.py adds and removes it).
+Writes nothing; owns its arrays and cursor.
 """
 from array import array
 from bisect import bisect_left

@@ -205,7 +205,7 @@ class Recovery:
             self.garbage.supersede(rec.prev)
             self._supersede_lost_link(n, rec.prev)
             if self.state.pending_new.get(n) == rec.prev:
-                del self.state.pending_new[n]          # a set-aside message deleted (log/commands.py)
+                del self.state.pending_new[n]          # a set-aside message deleted (commands.py)
             self.state.replayed_state.pop(n, None)
             self.state.active.pop(n, None)
             self.state.replayed_clean.append(n)        # the crash may have come before its unlink
