@@ -1,10 +1,17 @@
 """Audit throughput: a generated qmail-send log and a generated snapshot on local[2].
 
     .venv/bin/python bench/audit.py [--lines 10000000] [--messages 1000000] [--dir DIR]
+    .venv/bin/python bench/audit.py --hosts 20 [--lines 10000000] [--parser both]
 
 Generates (or reuses, when present with the same sizes) a qmail-send log of
 about --lines lines and a snapshot of --messages messages, then audits both on
 local[2] and prints Spark start-up, audit wall time and lines/s separately.
+
+With --hosts N: a fleet of N hosts' logs of --lines lines in all, each host handing
+some of its remote deliveries to the next (synthetic.generate_fleet), audited with
+--fleet's map by each --parser (python: every line parsed in Python; sql: in the JVM;
+both: one after the other in the same run), printing lines/s of each and whether
+their findings and figures agree.
 """
 import argparse
 import os
@@ -43,6 +50,13 @@ def make_snapshot(path, messages, taken):
         out.write(snapshot_format.dumps(snapshot_format.trailer("bench-q", messages)) + "\n")
 
 
+def make_fleet(directory, hosts, lines):
+    messages = max(100, int(lines / LINES_PER_MESSAGE / hosts))
+    text, _expects = synthetic.generate_fleet(directory, hosts=hosts, messages=messages, seed=42)
+    with open(os.path.join(directory, "fleet.map"), "w") as f:
+        f.write(text)
+
+
 def count_lines(path):
     with open(path, "rb") as f:
         return sum(buf.count(b"\n") for buf in iter(lambda: f.read(1 << 20), b""))
@@ -55,7 +69,12 @@ def main():
     p.add_argument("--dir", default="/tmp/qmail-audit-bench")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--driver-memory", default="8g")
+    p.add_argument("--hosts", type=int, default=0, help="a fleet of this many hosts")
+    p.add_argument("--parser", choices=("python", "sql", "both"), default="both",
+                   help="with --hosts: which log parser to measure")
     args = p.parse_args()
+    if args.hosts:
+        return fleet_main(args)
     os.makedirs(os.path.join(args.dir, "bench"), exist_ok=True)
     log = os.path.join(args.dir, "bench", "qmail-send-%d.log" % args.lines)
     snap = os.path.join(args.dir, "snapshot-%d.jsonl" % args.messages)
@@ -96,6 +115,49 @@ def main():
     print("snapshot audit:           %8.1f s  %d messages  %.0f messages/s (findings %s)"
           % (snap_wall, args.messages, args.messages / snap_wall,
              snap_result.findings_by_kind))
+
+
+def fleet_main(args):
+    from qmailpy_audit.fleet import read_map
+    directory = os.path.join(args.dir, "fleet-%d-%d" % (args.hosts, args.lines))
+    if not os.path.exists(os.path.join(directory, "fleet.map")):
+        t = time.time()
+        make_fleet(directory + ".tmp", args.hosts, args.lines)
+        os.rename(directory + ".tmp", directory)
+        print("generated fleet: %.1f s" % (time.time() - t))
+    logs = os.path.join(directory, "logs")
+    if not os.path.isdir(logs):
+        os.makedirs(logs)
+        for name in sorted(os.listdir(directory)):
+            if os.path.isdir(os.path.join(directory, name)) and name != "logs":
+                os.rename(os.path.join(directory, name), os.path.join(logs, name))
+    lines = sum(count_lines(os.path.join(logs, h, "current")) for h in os.listdir(logs))
+    fleet_map = read_map(os.path.join(directory, "fleet.map"))
+
+    from qmailpy.cli.qmail_audit import session
+    from qmailpy_audit import job
+    t0 = time.time()
+    spark = session(args.master, "qmail-audit-bench", driver_memory=args.driver_memory)
+    spark.sparkContext.parallelize([0], 1).count()
+    print("master %s, %d cores, %d hosts, %d lines; spark start-up %.1f s"
+          % (args.master, os.cpu_count(), args.hosts, lines, time.time() - t0))
+    results = {}
+    for parser in (("python", "sql") if args.parser == "both" else (args.parser,)):
+        t = time.time()
+        result = job.audit(spark, [logs], os.path.join(args.dir, "out-fleet-" + parser),
+                           job.Options(write_parquet=True, fleet_map=fleet_map, parser=parser))
+        wall = time.time() - t
+        results[parser] = result
+        s = result.summary
+        print("%-6s parser: %8.1f s  %d lines  %.0f lines/s  (%d messages, %d deliveries, "
+              "%d journeys, %d of %d hand-offs linked, findings %s)"
+              % (parser, wall, lines, lines / wall, s["messages"]["messages"],
+                 s["qmailanalog"]["delivery_attempts"], s["fleet"]["journeys"],
+                 s["fleet"]["linked"], s["fleet"]["handoffs"], result.findings_by_kind))
+    spark.stop()
+    if len(results) == 2:
+        same = results["python"].summary == results["sql"].summary
+        print("python and sql parsers give the same summaries.json: %s" % same)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from qmailpy.logfiles import SEND_LOG, log_set
 from qmailpy.states import DEFAULT_QUEUELIFETIME
 from qmailpy_audit import inputs as inputs_mod
 from qmailpy_audit import fleet as fleet_mod
-from qmailpy_audit import logparse, messages, segments, snapshots, summaries, report
+from qmailpy_audit import logparse, logsql, messages, segments, snapshots, summaries, report
 
 EXAMPLES_PER_KIND = 20
 
@@ -25,8 +25,9 @@ EXAMPLES_PER_KIND = 20
 class Options:
     def __init__(self, host_map=(), queuelifetime=DEFAULT_QUEUELIFETIME, lifetime_slack=3600.0,
                  write_parquet=True, home_snapshot_dir=None, fleet_map=None,
-                 skew=fleet_mod.DEFAULT_SKEW):
+                 skew=fleet_mod.DEFAULT_SKEW, parser="python"):
         self.host_map = list(host_map)
+        self.parser = parser              # "python": each line parsed in Python; "sql": in the JVM
         self.fleet_map = fleet_map        # {address: host} from --fleet MAP, or None
         self.skew = skew
         self.queuelifetime = queuelifetime
@@ -140,6 +141,56 @@ def _read_logs(sc, files):
     if not rdds:
         return None
     return sc.union(rdds).mapPartitions(_parse_partition)
+
+
+def _logs_python(sc, log_files, persisted):
+    """(line counts, host spans, event RDD or None, examples(limit)) with every line
+    parsed in Python (--parser=python)."""
+    parsed = _read_logs(sc, log_files)
+    line_counts, spans = {}, {}
+    if parsed is None:
+        return line_counts, spans, None, lambda limit: []
+    parsed.persist(StorageLevel.MEMORY_AND_DISK)
+    persisted.append(parsed)
+    for tag_row in parsed.filter(lambda t: t[0] in ("k", "h")).collect():
+        if tag_row[0] == "k":
+            for k, v in tag_row[1].items():
+                line_counts[k] = line_counts.get(k, 0) + v
+        else:
+            host, span = tag_row[1], tag_row[2]
+            old = spans.get(host)
+            if old is None:
+                spans[host] = list(span)
+            else:
+                old[0] = min(old[0], span[0])
+                if span[1] > old[1]:
+                    old[1:] = span[1:]
+
+    def examples(limit):
+        found = parsed.filter(lambda t: t[0] == "b").map(lambda t: t[1]).take(limit)
+        parts = {}
+        for rank in {e[2] for e in found if e[3] >> logparse.PART_SHIFT}:
+            parts.update(sc.textFile(log_files[rank].path).mapPartitionsWithIndex(
+                lambda i, it, r=rank: [((r, i), sum(1 for _ in it))]).collect())
+        return [e[:3] + (logsql.line_index(e[2], e[3], parts),) + e[4:] for e in found]
+    return line_counts, spans, parsed.filter(lambda t: t[0] == "e").map(lambda t: t[1]), \
+        examples
+
+
+def _logs_sql(spark, log_files, persisted):
+    """_logs_python's results with the lines parsed and counted in the JVM by Spark SQL
+    (--parser=sql): Python sees only the events."""
+    parsed = logsql.read(spark, log_files, lambda f: _text(spark.sparkContext, f))
+    if parsed is None:
+        return {}, {}, None, lambda limit: []
+    parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+    persisted.append(parsed)
+    line_counts, spans, parts = logsql.tallies(parsed)
+
+    def examples(limit):
+        return [e[:3] + (logsql.line_index(e[2], e[3], parts),) + e[4:]
+                for e in logsql.bad_lines(parsed, limit)]
+    return line_counts, spans, logsql.events(parsed), examples
 
 
 def _snapshot_partition(rows):
@@ -267,31 +318,14 @@ def audit(spark, specs, out_dir, opts=None):
 
     # logs ------------------------------------------------------------------
     log_files = sorted((f for f in files if f.kind == "log"), key=lambda f: (f.host, f.order))
-    parsed = _read_logs(sc, log_files)
-    line_counts, spans, bad_lines = {}, {}, []
-    events = None
-    if parsed is not None:
-        parsed.persist(StorageLevel.MEMORY_AND_DISK)
-        persisted.append(parsed)
-        for tag_row in parsed.filter(lambda t: t[0] in ("k", "h")).collect():
-            if tag_row[0] == "k":
-                for k, v in tag_row[1].items():
-                    line_counts[k] = line_counts.get(k, 0) + v
-            else:
-                host, span = tag_row[1], tag_row[2]
-                old = spans.get(host)
-                if old is None:
-                    spans[host] = list(span)
-                else:
-                    old[0] = min(old[0], span[0])
-                    if span[1] > old[1]:
-                        old[1:] = span[1:]
-        bad_lines = parsed.filter(lambda t: t[0] == "b").map(lambda t: t[1])
-        events = parsed.filter(lambda t: t[0] == "e").map(lambda t: t[1])
+    if opts.parser == "sql":
+        line_counts, spans, events, examples = _logs_sql(spark, log_files, persisted)
+    else:
+        line_counts, spans, events, examples = _logs_python(sc, log_files, persisted)
     log_names = [f.path for f in log_files]
     bad_counts = {k[4:]: v for k, v in line_counts.items() if k.startswith("bad:")}
     if bad_counts:
-        examples = bad_lines.take(200)
+        examples = examples(200)
         for kind, count in sorted(bad_counts.items()):
             shown = [e for e in examples if e[0] == kind][:EXAMPLES_PER_KIND]
             for e in shown:
@@ -330,7 +364,7 @@ def audit(spark, specs, out_dir, opts=None):
 
     row_rdds = []
     if events is not None:
-        parts = max(2, parsed.getNumPartitions())
+        parts = max(2, events.getNumPartitions())
         deliveries = events.filter(lambda e: e[3] in ("start", "result")) \
             .map(lambda e: ((e[0], e[5]), e)).groupByKey(parts) \
             .map(lambda kv: messages.pair_deliveries(list(kv[1])))

@@ -75,6 +75,7 @@ class Expect:
         self.findings = {}
         self.m = []          # (birth, done, bytes, nk, nd, nz)
         self.d = []          # (result, birth, dstart, ddone)
+        self.handoffs = []   # (time, size on the peer, sender, peer's qp) handed to a peer
 
     def line(self, kind):
         self.lines[kind] = self.lines.get(kind, 0) + 1
@@ -118,11 +119,13 @@ class _Writer:
 
 
 def generate(log_path, messages=200, seed=1, style="epoch", host="mx1", start=1795000000.0,
-             defects=None, snapshot_path=None, pool=None, expired=0):
+             defects=None, snapshot_path=None, pool=None, expired=0, relay=None):
     """Write a log (and a snapshot); return the Expect of what an audit must find.
 
     defects: kind -> how many (LOG_DEFECTS and, with a snapshot, SNAPSHOT_DEFECTS).
     expired: how many clean messages expire and bounce (audit with LIFETIME, SLACK).
+    relay: a Relay: this host hands some remote successes to a peer and queues the
+    messages handed to it (generate_fleet); expect.handoffs lists what it handed on.
     """
     rng = random.Random(seed)
     defects = dict(defects or {})
@@ -178,10 +181,14 @@ def generate(log_path, messages=200, seed=1, style="epoch", host="mx1", start=17
             expect.numbers.add(n)
             size = rng.randint(300, 30000)
             sender = "user%d@sender%d.example" % (rng.randint(0, 20), rng.randint(0, 4))
+            qp = 4000 + i
+            if relay is not None and kind is None and relay.incoming and \
+                    relay.incoming[0][0] <= birth:
+                _when, size, sender, qp = relay.incoming.pop(0)    # queued from a peer
             w.add(birth, "new msg", "new msg %d" % n)
             info_at = birth + 0.00002
             w.add(info_at, "info msg", "info msg %d: bytes %d from <%s> qp %d uid 1000"
-                  % (n, size, sender, 4000 + i))
+                  % (n, size, sender, qp))
             rcpts = []
             for j in range(rng.choice((1, 1, 1, 2, 3))):
                 if rng.random() < 0.4:
@@ -236,7 +243,15 @@ def generate(log_path, messages=200, seed=1, style="epoch", host="mx1", start=17
                         # qmail-send restarted after the first success: ids begin at 1
                         delivery[0] = 0
                         at = last + 0.001
+                    handed = relay is not None and kind is None and result == "k" and \
+                        channel == "remote" and rng.random() < relay.share
+                    if handed:
+                        relay.qp += 1
+                        reason = "%s_accepted_message./Remote_host_said:_250_ok_%d_qp_%d/" % (
+                            relay.peer, int(at), relay.qp)
                     done = attempt(n, at, channel, rcpt, result, reason, info_birth=info_at)
+                    if handed:
+                        expect.handoffs.append((done, size + 100, sender, relay.qp))
                     last = max(last, done)
                     nk += result == "k"
                     nd += result == "d"
@@ -353,3 +368,31 @@ def _snapshot(path, host, taken, pending, ended, defects, expect, start, rng):
     records.append(snapshot_format.trailer(host, count))
     with open(path, "w", encoding="utf-8") as out:
         snapshot_format.write(records, out)
+
+
+class Relay:
+    """One host's hand-offs in a generated fleet: to `peer` (an address) with the peer's qp
+    numbers from `qp` up, and the messages handed to it, (time, size, sender, qp) in time order."""
+
+    def __init__(self, peer, share, incoming, qp):
+        self.peer, self.share, self.incoming, self.qp = peer, share, sorted(incoming), qp
+
+
+def generate_fleet(directory, hosts=20, messages=1000, seed=1, style="tai64n", share=0.3):
+    """Logs of `hosts` hosts (DIRECTORY/hN/current) in a chain: host i hands about `share`
+    of its remote successes to host i+1 at 127.0.1.(i+2), which queues them (same sender,
+    size grown by its Received: line, the qp its answer named). Returns (fleet map text,
+    [Expect]); the map names each host and its address for qmail-audit --fleet."""
+    import os
+    expects, incoming, lines = [], [], []
+    for i in range(hosts):
+        name = "h%d" % (i + 1)
+        os.makedirs(os.path.join(directory, name), exist_ok=True)
+        peer = "127.0.1.%d" % (i + 2) if i + 1 < hosts else None
+        relay = Relay(peer, share if peer else 0.0, incoming, 10000 * (i + 2))
+        expect = generate(os.path.join(directory, name, "current"), messages=messages,
+                          seed=seed + i, style=style, host=name, relay=relay)
+        expects.append(expect)
+        incoming = expect.handoffs
+        lines.append("%s 127.0.1.%d" % (name, i + 1))
+    return "\n".join(lines) + "\n", expects

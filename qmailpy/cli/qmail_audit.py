@@ -32,6 +32,9 @@ def _parser():
     p.add_argument("--skew", type=float, default=DEFAULT_SKEW, metavar="SECONDS",
                    help="with --fleet: how far two hosts' clocks may differ (default %d)"
                         % DEFAULT_SKEW)
+    p.add_argument("--parser", choices=("python", "sql"), default="python",
+                   help="parse log lines in Python (default) or in the JVM with Spark SQL; "
+                        "both give the same results")
     p.add_argument("--no-parquet", action="store_true", help="skip the Parquet outputs")
     p.add_argument("--driver-memory", default="4g", metavar="SIZE",
                    help="heap of the Spark driver, which does all the work in local mode "
@@ -88,7 +91,7 @@ def main(argv=None, use_existing_master=False):
         opts = job.Options(host_map=host_map, queuelifetime=args.queuelifetime,
                            lifetime_slack=args.lifetime_slack,
                            write_parquet=not args.no_parquet, fleet_map=fleet_map,
-                           skew=args.skew)
+                           skew=args.skew, parser=args.parser)
         result = job.audit(spark, args.inputs, args.out, opts)
     except Exception as e:          # Py4J/Spark errors arrive as many exception types
         text = str(e).strip().splitlines()

@@ -1,0 +1,308 @@
+"""qmail-send log lines parsed in the JVM: Spark SQL columns built from qmailpy.logline.
+
+The same rows as logparse.parse_line, without calling Python for each line:
+every regular expression here is made from the one definition of the line
+(logline's patterns and prefixes, logparse's known starts and journald markers),
+translated mechanically into Java's dialect:
+
+* Python's named groups `(?P<name>...)` become plain groups, read by number
+  (Java names may hold no underscore);
+* `match` anchors at the start: `^` is prepended; `$` at the end becomes `\\z`
+  (Java's `$` would also match before a final U+2028 or CR);
+* `(?s)`: the lines hold no newline, so Python's `.` is Java's `.` with DOTALL.
+
+lines(df) takes (host, rank, index, line) and returns one row per line with
+
+  lkind   logline's kind ("new msg", ...), "bad:CLASS" or "ignored:journald-marker"
+  host    the journald host of the line, else the file's
+  seq     logparse.seq_of(rank, index)
+  time    as logparse: TAI64N rebuilt from the label's digits, epoch and ISO as logline
+  ekind   the event kind of logparse's event tuple (None for status lines and the like)
+  n, d, a_long, a_str, b_long, b_str, c   the tuple's fields (a and b hold a number or
+          a string by kind: event_tuple() puts them back in logparse's order)
+  text    for bad lines: the line's first 300 characters
+"""
+import re
+
+from pyspark.sql import functions as F
+
+from qmailpy import logline
+from qmailpy_audit import logparse
+
+# logparse's event kinds for logline's kinds (None: counted only)
+EVENT_KIND = {"new msg": "new", "info msg": "info", "starting delivery": "start",
+              "delivery": "result", "report mangled": "result", "bounce msg": "bounce",
+              "triple bounce": "triple", "end msg": "end", "bounce now": "bouncenow",
+              "set aside": "setaside", "state restored": "restored",
+              **logparse.COMMAND_KINDS}
+# event kinds whose a (or b) field is a number
+A_IS_NUMBER = ("info", "bounce", "restored")
+B_IS_NUMBER = ("restored",)
+TAI64_OFFSET = 2 ** 62 + 10
+_TEXT_LIMIT = 300
+
+
+def java_regex(pattern, whole=True):
+    """(Java source, {group name: number}) of a compiled Python pattern used with match()."""
+    src = pattern.pattern
+    if "(?P=" in src:
+        raise ValueError("back-references by name are not translated: %r" % src)
+    java = re.sub(r"\(\?P<\w+>", "(", src)
+    if whole and java.endswith("$") and not java.endswith("\\$"):
+        java = java[:-1] + r"\z"
+    return "(?s)^" + java, dict(pattern.groupindex)
+
+
+PATTERNS = [(kind,) + java_regex(p) for kind, p in logline._PATTERNS]
+_EPOCH, _ = java_regex(logline._EPOCH, whole=False)
+_TAI64N, _ = java_regex(logline._TAI64N, whole=False)
+_ISO, _ = java_regex(logline._ISO, whole=False)
+_TAG, _ = java_regex(logline._JOURNAL_TAG, whole=False)
+# journalctl's framing, matched after Python's rstrip(): trailing white space allowed
+_MARKER = "(?U)" + java_regex(logparse._JOURNAL_MARKER)[0][:-2] + r"[\s\x1c-\x1f]*\z"
+_SPACE = r"[\s\x1c-\x1f]"          # what str.strip() removes: (?U)\s and the separators
+
+
+def _group(column, regex, name_or_number):
+    return F.regexp_extract(column, regex, name_or_number)
+
+
+def _kind_of(text):
+    """logline's kind of a prefix-free text, or None: the first pattern that matches."""
+    expr = None
+    for kind, regex, _ in PATTERNS:
+        cond = text.rlike(regex)
+        expr = F.when(cond, F.lit(kind)) if expr is None else expr.when(cond, F.lit(kind))
+    return expr
+
+
+def _field(text, kind, name, cast=None):
+    """Field `name` of the kinds that have it (None for the others)."""
+    expr = None
+    for k, regex, groups in PATTERNS:
+        if name not in groups:
+            continue
+        value = F.regexp_extract(text, regex, groups[name])
+        cond = kind == k
+        expr = F.when(cond, value) if expr is None else expr.when(cond, value)
+    if cast:
+        expr = expr.try_cast(cast)
+    return expr
+
+
+def _hex(digits):
+    return F.conv(digits, 16, 10).cast("decimal(21,0)")
+
+
+def _timestamp(line):
+    """(seconds as logparse reads them or None, length of the prefix)."""
+    epoch = _group(line, _EPOCH, 1)
+    tai_sec = _group(line, _TAI64N, 1)
+    tai_nsec = _group(line, _TAI64N, 2)
+    # logparse rebuilds the TAI64N value from its digits, as qmailanalog's matchup prints it
+    nsec = F.conv(tai_nsec, 16, 10)
+    tai = F.concat((_hex(tai_sec) - F.lit(TAI64_OFFSET)).cast("string"), F.lit("."),
+                   F.when(F.length(nsec) >= 9, nsec).otherwise(F.lpad(nsec, 9, "0"))) \
+        .try_cast("double")
+    iso_whole = "(?s)^(" + _ISO[len("(?s)^"):] + ")"
+    iso_len = F.length(_group(line, iso_whole, 1))
+
+    def g(i):
+        return _group(line, _ISO, i)
+    days = F.datediff(F.make_date(g(1).cast("int"), g(2).cast("int"), F.lit(1)),
+                      F.lit("1970-01-01").cast("date")) + g(3).cast("int") - 1
+    base = days.cast("long") * 86400 + g(4).cast("long") * 3600 + g(5).cast("long") * 60 \
+        + g(6).cast("long")
+    frac = F.when(g(7) != "", g(7).try_cast("double")).otherwise(F.lit(0.0))
+    zone = g(8)
+    digits = F.regexp_replace(F.substring(zone, 2, 10), ":", "")
+    offset = F.when((zone == "") | (zone == "Z"), F.lit(0)).otherwise(
+        F.when(F.substring(zone, 1, 1) == "+", F.lit(-1)).otherwise(F.lit(1))
+        * (F.substring(digits, 1, 2).cast("long") * 3600
+           + F.substring(digits, 3, 10).cast("long") * 60))
+    iso = base.cast("double") + frac + offset.cast("double")
+    when = F.when(epoch != "", epoch.try_cast("double")) \
+        .when(line.rlike(_TAI64N), tai) \
+        .when(iso_len > 0, iso)
+    length = F.when(epoch != "", F.length(epoch) + 1) \
+        .when(line.rlike(_TAI64N), F.lit(26)) \
+        .when(iso_len > 0, iso_len) \
+        .otherwise(F.lit(0))
+    style = F.when(epoch != "", F.lit("epoch")).when(line.rlike(_TAI64N), F.lit("tai64n")) \
+        .when(iso_len > 0, F.lit("iso"))
+    return when, length, style
+
+
+def _bad_class(text):
+    """logparse.classify_bad, and empty-line, for a text no pattern matched."""
+    stripped = F.regexp_replace(text, "(?U)^%s+|%s+$" % (_SPACE, _SPACE), "")
+    truncated = None
+    for start in logparse._KNOWN_STARTS:
+        cond = F.startswith(stripped, F.lit(start.strip())) | (
+            (F.length(stripped) >= 3) & F.startswith(F.lit(start), stripped))
+        truncated = cond if truncated is None else truncated | cond
+    return F.when(stripped == "", F.lit("empty-line")) \
+        .when(truncated, F.lit("truncated-line")).otherwise(F.lit("unknown-line"))
+
+
+def lines(df):
+    """Rows as the module docstring says, for a frame of (host, rank, index, line)."""
+    line = F.col("line")
+    when, length, style = _timestamp(line)
+    df = df.select("host", "rank", "index", "line", when.alias("_when"),
+                   F.substring(line, length + 1, 1 << 30).alias("_rest"),
+                   style.alias("_style"))
+    rest = F.col("_rest")
+    # journalctl -o short-iso: 'HOST IDENT[PID]: ' after the stamp; read first as a tag,
+    # then as part of a bare qmail line (logline._prefix_readings)
+    tagged = (F.col("_style") == "iso") & rest.rlike(_TAG)
+    tag_whole = "(?s)^(" + _TAG[len("(?s)^"):] + ")"
+    after_tag = F.substring(rest, F.length(_group(rest, tag_whole, 1)) + 1, 1 << 30)
+    df = df.select("*", F.when(tagged, _group(rest, _TAG, 1)).alias("_tag_host"),
+                   F.when(tagged, after_tag).alias("_after_tag"))
+    df = df.select("*", F.when(F.col("_tag_host").isNotNull(), _kind_of(F.col("_after_tag")))
+                   .alias("_kind1"), _kind_of(rest).alias("_kind2"))
+    tag_reading = F.col("_kind1").isNotNull()
+    bare_reading = F.col("_kind2").isNotNull()
+    df = df.select(
+        "*",
+        F.when(tag_reading, F.col("_after_tag")).when(bare_reading, rest)
+        .when(F.col("_tag_host").isNotNull(), F.col("_after_tag")).otherwise(rest).alias("_text"),
+        F.when(tag_reading, F.col("_kind1")).otherwise(F.col("_kind2")).alias("_kind"),
+        F.when(tag_reading, F.col("_tag_host")).otherwise(F.col("host")).alias("_host"))
+    kind, text = F.col("_kind"), F.col("_text")
+    lkind = F.when(line.startswith("-- ") & line.rlike(_MARKER),
+                   F.lit("ignored:journald-marker")) \
+        .when(kind.isNull(), F.concat(F.lit("bad:"), _bad_class(text))) \
+        .when(F.col("_when").isNull(), F.lit("bad:no-timestamp")) \
+        .otherwise(kind)
+    good = ~lkind.startswith("bad:") & ~lkind.startswith("ignored:")
+    ekind = F.when(good, _mapped(kind, EVENT_KIND))
+    n = _field(text, kind, "n", "long")
+    d = _field(text, kind, "d", "long")
+    letter = _mapped(_field(text, kind, "result"), logparse.RESULT_LETTER)
+    a_long = F.when(kind == "info msg", _field(text, kind, "bytes", "long")) \
+        .when(kind == "bounce msg", _field(text, kind, "qp", "long")) \
+        .when(kind == "state restored", _field(text, kind, "seg", "long"))
+    a_str = F.when(kind == "starting delivery", _field(text, kind, "channel")) \
+        .when(kind == "delivery", letter) \
+        .when(kind == "report mangled", F.lit("z")) \
+        .when(kind.isin("bounce now", "set aside"), _field(text, kind, "text"))
+    b_long = F.when(kind == "state restored", _field(text, kind, "off", "long"))
+    b_str = F.when(kind == "info msg", _field(text, kind, "sender")) \
+        .when(kind == "starting delivery", _field(text, kind, "recipient")) \
+        .when(kind == "delivery", _field(text, kind, "text")) \
+        .when(kind == "report mangled", F.lit("report_mangled"))
+    c = F.when(kind == "info msg", _pair(text, kind, "qp", "uid")) \
+        .when(kind == "state restored", _pair(text, kind, "damage_seg", "damage_off"))
+    seq = F.shiftleft(F.col("rank").cast("long"), logparse.SEQ_SHIFT).bitwiseOR(F.col("index"))
+    return df.select(
+        lkind.alias("lkind"),
+        F.when(good, F.col("_host")).otherwise(F.col("host")).alias("host"),
+        F.col("rank"), F.col("index"), seq.alias("seq"),
+        F.when(good, F.col("_when")).alias("time"), ekind.alias("ekind"),
+        n.alias("n"),
+        d.alias("d"), a_long.alias("a_long"), a_str.alias("a_str"), b_long.alias("b_long"),
+        b_str.alias("b_str"), c.alias("c"),
+        F.when(lkind.startswith("bad:"), F.substring(line, 1, _TEXT_LIMIT)).alias("text"))
+
+
+def _pair(text, kind, first, second):
+    """'%d %d' of two number fields, as logparse writes them."""
+    return F.concat_ws(" ", _field(text, kind, first, "long").cast("string"),
+                       _field(text, kind, second, "long").cast("string"))
+
+
+def _mapped(column, mapping):
+    expr = None
+    for key, value in mapping.items():
+        cond = column == key
+        expr = F.when(cond, F.lit(value)) if expr is None else expr.when(cond, F.lit(value))
+    return expr
+
+
+def event_tuple(row):
+    """A row of lines() with an ekind as logparse's event tuple."""
+    kind = row[6]
+    a = row[9] if kind in A_IS_NUMBER else row[10]
+    b = row[11] if kind in B_IS_NUMBER else row[12]
+    return (row[1], row[4], row[5], kind, row[7], row[8], a, b, row[13])
+
+
+
+
+# --- reading --------------------------------------------------------------
+
+_ROW_BITS = 33             # monotonically_increasing_id: partition << 33 | row in partition
+_TEXT_SCHEMA = "host string, rank int, index long, line string"
+
+
+def read(spark, files, gzip_text):
+    """Parsed lines (lines()) of log files, rank = position in files, persisted.
+
+    A plain file is read by Spark's text source, one frame per file, so a line's
+    index is its partition << PART_SHIFT | its row in the partition (partitions of
+    one file are its splits in order). gzip_text(f) gives (index, line) of a gzip
+    file, which is read whole (gzip cannot be split) by Python."""
+    frames = []
+    for rank, f in enumerate(files):
+        if f.gzip:
+            frame = spark.createDataFrame(
+                gzip_text(f).map(lambda il, h=f.host, r=rank: (h, r, il[0], il[1])),
+                _TEXT_SCHEMA)
+        else:
+            mono = F.monotonically_increasing_id()
+            index = F.shiftleft(F.shiftright(mono, _ROW_BITS), logparse.PART_SHIFT) \
+                .bitwiseOR(mono.bitwiseAND((1 << _ROW_BITS) - 1))
+            frame = spark.read.text(f.path).select(
+                F.lit(f.host).alias("host"), F.lit(rank).alias("rank"), index.alias("index"),
+                F.col("value").alias("line"))
+        frames.append(frame)
+    if not frames:
+        return None
+    whole = frames[0]
+    for frame in frames[1:]:
+        whole = whole.unionAll(frame)
+    return lines(whole)
+
+
+def tallies(parsed):
+    """(line counts by kind as logparse counts them, {host: [first time, last seq,
+    its time, its kind]}, {(rank, partition): lines}) in one pass."""
+    good = ~F.col("lkind").startswith("bad:") & ~F.col("lkind").startswith("ignored:")
+    rows = parsed.groupBy("lkind", "host", "rank", F.shiftright("index", logparse.PART_SHIFT)
+                          .alias("part")) \
+        .agg(F.count(F.lit(1)).alias("lines"),
+             F.min(F.when(good, F.col("time"))).alias("first"),
+             F.max(F.when(good, F.struct("seq", "time", "lkind"))).alias("last")).collect()
+    counts, spans, parts = {}, {}, {}
+    for r in rows:
+        counts[r.lkind] = counts.get(r.lkind, 0) + r.lines
+        parts[(r.rank, r.part)] = parts.get((r.rank, r.part), 0) + r.lines
+        if r.last is None:
+            continue
+        span = spans.setdefault(r.host, [r.first, r.last[0], r.last[1], r.last[2]])
+        span[0] = min(span[0], r.first)
+        if r.last[0] > span[1]:
+            span[1:] = list(r.last)
+    return counts, spans, parts
+
+
+def line_index(rank, index, parts):
+    """The index of a line in its whole file, from its partition's and the line counts."""
+    part = index >> logparse.PART_SHIFT
+    before = sum(v for (r, p), v in parts.items() if r == rank and p < part)
+    return before + (index & ((1 << logparse.PART_SHIFT) - 1))
+
+
+def bad_lines(parsed, limit):
+    """The first `limit` bad lines, in file and line order, as logparse's bad tuples
+    (class, host, rank, index, text)."""
+    rows = parsed.filter(F.col("lkind").startswith("bad:")).orderBy("seq") \
+        .select("lkind", "host", "rank", "index", "text").limit(limit).collect()
+    return [(r["lkind"][4:], r["host"], r["rank"], r["index"], r["text"]) for r in rows]
+
+
+def events(parsed):
+    """logparse's event tuples (an RDD) of the lines that are events."""
+    return parsed.filter(F.col("ekind").isNotNull()).rdd.map(event_tuple)
