@@ -95,7 +95,7 @@ class Occurrence:
     """One message on one host (a row of messages.parquet) and what became of it."""
     __slots__ = ("key", "host", "n", "birth", "bytes", "sender", "qp", "end_time", "ended",
                  "bounced", "triple", "orphan", "in_snapshot", "local", "outside", "hops", "incoming",
-                 "left")
+                 "left", "recipients")
 
     def __init__(self, row, in_snapshot):
         self.host, self.n, self.birth = row["host"], row["n"], row["birth"]
@@ -109,6 +109,7 @@ class Occurrence:
         self.hops = []           # Hop
         self.incoming = None     # the Hop that brought it
         self.left = None         # its last delivery's time
+        self.recipients = set()  # addresses of its deliveries given (qmail-audit --where)
 
 
 class Hop:
@@ -154,6 +155,8 @@ class Fleet:
             occ = self.occs.get((d["host"], d["n"], d["occ_birth"]))
             if occ is None:
                 continue
+            if d["recipient"] is not None:
+                occ.recipients.add(d["recipient"])
             if d["ddone"] is not None:
                 occ.left = max(occ.left or d["ddone"], d["ddone"])
             if d["result"] != "k":

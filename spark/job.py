@@ -17,6 +17,7 @@ from qmailpy.logfiles import SEND_LOG, log_set
 from qmailpy.states import DEFAULT_QUEUELIFETIME
 from qmailpy_audit import inputs as inputs_mod
 from qmailpy_audit import fleet as fleet_mod
+from qmailpy_audit import fleetqueue, where as where_mod
 from qmailpy_audit import logparse, logsql, messages, segments, snapshots, summaries, report
 
 EXAMPLES_PER_KIND = 20
@@ -30,6 +31,7 @@ class Options:
         self.parser = parser              # "python": each line parsed in Python; "sql": in the JVM
         self.fleet_map = fleet_map        # {address: host} from --fleet MAP, or None
         self.skew = skew
+        self.where = None                 # (key, value) of --where KEY=VALUE, or None
         self.queuelifetime = queuelifetime
         self.lifetime_slack = lifetime_slack
         self.write_parquet = write_parquet
@@ -43,6 +45,7 @@ class AuditResult:
         self.violations = violations
         self.bad_inputs = bad_inputs
         self.out_dir = out_dir
+        self.where = None                 # what --where found (spark/where.py answer())
 
     @property
     def warnings(self):
@@ -299,6 +302,7 @@ def audit(spark, specs, out_dir, opts=None):
     # snapshots -------------------------------------------------------------
     snap_records = []           # (rdd of message records, taken, lifetime)
     snapshot_hosts = {}
+    queue_snapshots = []        # (host, taken, records) for the fleet queue
     persisted = []
     for f in files:
         if f.kind == "snapshot":
@@ -315,6 +319,7 @@ def audit(spark, specs, out_dir, opts=None):
         taken, lifetime = header["taken"], header["queuelifetime"]
         snap_records.append((records, taken, lifetime))
         snapshot_hosts.setdefault(header["host"], []).append(taken)
+        queue_snapshots.append((header["host"], taken, records))
 
     # logs ------------------------------------------------------------------
     log_files = sorted((f for f in files if f.kind == "log"), key=lambda f: (f.host, f.order))
@@ -432,6 +437,11 @@ def audit(spark, specs, out_dir, opts=None):
         if opts.write_parquet:
             spark.createDataFrame(fleet.journeys, JOURNEY_SCHEMA).write.mode("overwrite") \
                 .parquet(_uri(out_dir, "journeys.parquet"))
+    queue = fleetqueue.FleetQueue(sc, queue_snapshots)
+    summary["fleet_queue"] = queue.summary()
+    if opts.write_parquet:
+        queue.write(spark, _uri(out_dir, "fleet_queue.parquet"))
+    where = None if opts.where is None else where_mod.answer(*opts.where, queue, fleet)
     findings_by_kind = summary["findings"]["by_kind"]
     violations = summary["findings"]["violations"]
     if opts.write_parquet:
@@ -447,7 +457,9 @@ def audit(spark, specs, out_dir, opts=None):
     for rdd in persisted:
         rdd.unpersist()
     table.unpersist()
-    return AuditResult(summary, findings_by_kind, violations, bad_list, out_dir)
+    result = AuditResult(summary, findings_by_kind, violations, bad_list, out_dir)
+    result.where = where
+    return result
 
 
 JOURNEY_SCHEMA = T.StructType([
@@ -495,7 +507,8 @@ def host_warnings(log_hosts, snapshot_hosts):
            "with a log (name the log's host with --host %s=PATH)" % (h, h)
            for h in sorted(snapshot_hosts - log_hosts)]
     out += ["log of host %s has no snapshot among the inputs: its messages are not compared "
-            "with a snapshot" % h for h in sorted(log_hosts - snapshot_hosts)]
+            "with a snapshot, and its queue is not in the fleet queue" % h
+            for h in sorted(log_hosts - snapshot_hosts)]
     return out
 
 

@@ -203,6 +203,8 @@ def render(summary, plots):
                   _table(f["restored"], ["host", "n", "time", "detail"], len(f["restored"]))]
     if summary.get("fleet"):
         parts += fleet_section(summary["fleet"])
+    if summary.get("fleet_queue", {}).get("hosts"):
+        parts += fleet_queue_section(summary["fleet_queue"])
     parts += [
         "<h2>Messages</h2>",
         _kv([("messages (new msg occurrences)", m["messages"]), ("message numbers", m["numbers"]),
@@ -271,3 +273,34 @@ def fleet_section(fl):
         _table(fl["latency_by_route"], ["route", "journeys", "ended", "p50", "p90", "p99",
                                          "max"]),
     ]
+
+
+def fleet_queue_section(fq):
+    """What is queued where now, from each host's latest snapshot (spark/fleetqueue.py)."""
+    ages = list(fq["by_age"])
+    chart = bar_chart("Queued messages by age", ages, [[fq["by_age"][a] for a in ages]],
+                      ["messages"], "age", "messages")
+    oldest = [dict(e, recipients_left=", ".join(e["recipients_left"]),
+                   birth=_utc(e["birth"]))
+              for e in fq["oldest"]]
+    return [
+        "<h2>Fleet queue: what is queued where</h2>",
+        "<p>From the latest snapshot of each host. A message counts once in each recipient "
+        "domain it still has pending recipients in; bytes are its size.</p>",
+        _table([dict(h, snapshot_taken=_utc(h["snapshot_taken"])) for h in fq["hosts"]],
+               ["host", "snapshot_taken", "messages", "recipients", "bytes"],
+               len(fq["hosts"])),
+        "<h3>By state</h3>", _kv(sorted(fq["by_state"].items())),
+        '<div class="plots">%s</div>' % chart,
+        "<h3>By host, recipient domain, age and state</h3>",
+        "<p>%d rows in fleet_queue.parquet; the largest:</p>" % fq["table_rows"],
+        _table(fq["largest"], ["host", "domain", "age", "state", "messages", "recipients",
+                               "bytes"], len(fq["largest"])),
+        "<h3>The oldest messages</h3>",
+        _table(oldest, ["host", "n", "state", "birth", "age", "size", "sender", "message_id",
+                        "recipients_left"], len(oldest)),
+    ]
+
+
+def _utc(when):
+    return "–" if when is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(when))

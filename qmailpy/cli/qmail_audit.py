@@ -1,9 +1,11 @@
 """qmail-audit: audit qmail snapshots, logs and segments on Spark.
 
-Exit 0 clean, 1 violations found, 2 bad input or a Spark failure.
+Exit 0 clean, 1 violations found, 2 bad input or a Spark failure; with --where, 0 when
+the message was found, 1 when not, 2 as before.
 The work is in qmailpy_audit.job (the spark/ folder); this module parses arguments and maps errors.
 """
 import argparse
+import json
 import os
 import sys
 
@@ -32,6 +34,10 @@ def _parser():
     p.add_argument("--skew", type=float, default=DEFAULT_SKEW, metavar="SECONDS",
                    help="with --fleet: how far two hosts' clocks may differ (default %d)"
                         % DEFAULT_SKEW)
+    p.add_argument("--where", default=None, metavar="KEY=VALUE",
+                   help="print as JSON where the messages with sender=, recipient= or "
+                        "message-id= VALUE are queued across the inputs' hosts (and, with "
+                        "--fleet, their journeys)")
     p.add_argument("--parser", choices=("python", "sql"), default="python",
                    help="parse log lines in Python (default) or in the JVM with Spark SQL; "
                         "both give the same results")
@@ -75,6 +81,8 @@ def main(argv=None, use_existing_master=False):
         fleet_map = None
         if args.fleet is not None:
             fleet_map = read_map(args.fleet)
+        from qmailpy_audit.where import parse as parse_where
+        where = None if args.where is None else parse_where(args.where)
     except ValueError as e:
         print("qmail-audit: %s" % e, file=sys.stderr)
         return 2
@@ -92,6 +100,7 @@ def main(argv=None, use_existing_master=False):
                            lifetime_slack=args.lifetime_slack,
                            write_parquet=not args.no_parquet, fleet_map=fleet_map,
                            skew=args.skew, parser=args.parser)
+        opts.where = where
         result = job.audit(spark, args.inputs, args.out, opts)
     except Exception as e:          # Py4J/Spark errors arrive as many exception types
         text = str(e).strip().splitlines()
@@ -101,8 +110,16 @@ def main(argv=None, use_existing_master=False):
     finally:
         if spark is not None:
             spark.stop()
-    tell(result, args.out)
-    return result.exit_code
+    if where is None:
+        tell(result, args.out)
+        return result.exit_code
+    tell(result, args.out, stdout=sys.stderr)     # stdout is the JSON answer alone
+    json.dump(result.where, sys.stdout, indent=1, sort_keys=True)
+    sys.stdout.write("\n")
+    if result.bad_count:
+        return 2
+    from qmailpy_audit.where import found
+    return 0 if found(result.where) else 1
 
 
 def tell(result, out, stdout=None, stderr=None):
