@@ -73,6 +73,35 @@ class FleetHost:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
+def wait_file(path, timeout=TIMEOUT):
+    """Until path exists: woken by inotify on its directory."""
+    with INotify() as watch:
+        watch.add_watch(os.path.dirname(path), flags.CREATE | flags.MOVED_TO)
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(path):
+            left = deadline - time.monotonic()
+            assert left > 0, "timed out waiting for %s" % path
+            watch.read(timeout=int(min(left, 1.0) * 1000))
+
+
+def kill_home(home_path, required=True):
+    """SIGKILL every process whose QMAILHOME is home_path (the daemons qmailctl started, their
+    children, what they run), as a machine that loses power; wait until all are gone."""
+    import psutil
+    home_path = os.path.abspath(home_path)
+    victims = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("QMAILHOME") == home_path:
+                proc.kill()
+                victims.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    assert victims or not required, "no process of %s" % home_path
+    _gone, alive = psutil.wait_procs(victims, timeout=TIMEOUT)
+    assert not alive, alive
+
+
 def traversable_base_dir():
     base = tempfile.mkdtemp(prefix="qmailpy-fleet-")
     os.chmod(base, 0o755)

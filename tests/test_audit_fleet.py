@@ -14,7 +14,7 @@ import pytest
 
 from conftest import VENV_BIN
 from ctl_support import ctl
-from fleet_support import FleetHost, free_port, remove_queued, shifted_log
+from fleet_support import FleetHost, free_port, kill_home, remove_queued, shifted_log, wait_file
 from smtpd_support import ListenerProcess
 from qmailpy_audit import fleet
 
@@ -230,3 +230,79 @@ def test_hub_log_four_minutes_behind_still_links_and_its_skew_is_reported(spark,
     # with a tolerance under the skew the same hand-offs are not linked: lost
     tight = _fleet_audit(spark, inputs, host_map, tmp_path / "tight", skew=60)
     assert tight.findings_by_kind["lost-between-hosts"] == COUNT
+
+
+# the hub's qmail-smtpd queues through this: once qmail-queue has committed the message it says
+# so (READY holds its pid) and waits, so the hub can be SIGKILLed between its commit and its 250
+QUEUE_THEN_WAIT = """#!/bin/sh
+%(qmail_queue)s
+echo $$ > %(ready)s.tmp && mv %(ready)s.tmp %(ready)s
+exec sleep 600
+"""
+
+
+@pytest.fixture(scope="module")
+def killed_hub_fleet():
+    """mx (127.0.1.2) hands one message for far.example to hub (127.0.1.3), which defers it
+    (its route leads nowhere). The hub is SIGKILLed (every process of its home) after its
+    queue committed the message and before its 250: mx logs a deferral for a message the hub
+    holds. The hub starts again, mx retries (qmailctl doqueue) and the hub queues it again."""
+    mx, hub = FleetHost("mx", "127.0.1.2"), FleetHost("hub", "127.0.1.3")
+    try:
+        hub.accept_for("far.example")
+        hub.routes("far.example:127.0.0.1:%d\n" % free_port("127.0.0.1"))
+        mx.routes("far.example:[127.0.1.3]:%d\n" % hub.port)
+        signals = os.path.join(hub.base, "signals")     # the hub's qmail-smtpd writes here
+        os.mkdir(signals)
+        os.chmod(signals, 0o1777)
+        ready = os.path.join(signals, "committed")
+        wrapper = os.path.join(hub.base, "queue-then-wait")
+        with open(wrapper, "w") as f:
+            f.write(QUEUE_THEN_WAIT % {"qmail_queue": os.path.join(VENV_BIN, "qmail-queue"),
+                                       "ready": ready})
+        os.chmod(wrapper, 0o755)
+        done = hub.home.run(["qmailctl", "start", "--home", hub.home.path, "--smtp",
+                             "%s:%d" % (hub.address, hub.port)],
+                            env=dict(hub.home.env, QMAILQUEUE=wrapper))
+        assert done.returncode == 0, done.stderr
+        mx.start(smtp=False)
+        done = mx.home.queue_message(MSG % 7, b"a@test.example", [b"r@far.example"])
+        assert done.returncode == 0, done.stderr
+        wait_file(ready)
+        kill_home(hub.home.path)
+        mx.wait_log(lambda text: ": deferral: " in text)
+        hub.start()
+        assert ctl(mx.home, "doqueue").returncode == 0
+        mx.wait_log(lambda text: ": success: 127.0.1.3_accepted_message." in text)
+        hub.wait_log(lambda text: text.count(": deferral: ") >= 2)
+        for h in (mx, hub):
+            h.stop()
+        yield mx, hub
+    finally:
+        for h in (mx, hub):
+            kill_home(h.home.path, required=False)     # whatever an assertion left running
+            h.remove()
+
+
+@pytest.mark.slow
+def test_hub_killed_between_commit_and_250_is_a_duplicate_not_a_loss(spark, killed_hub_fleet,
+                                                                     tmp_path):
+    mx, hub = killed_hub_fleet
+    result = _fleet_audit(spark, [mx.home.path, hub.home.path],
+                          [(mx.home.path, "mx"), (hub.home.path, "hub")], tmp_path / "out")
+    assert result.bad_inputs == []
+    assert result.findings_by_kind.get("duplicate-across-hosts") == 1
+    assert "lost-between-hosts" not in result.findings_by_kind
+    assert "vanished-in-fleet" not in result.findings_by_kind
+    assert result.violations == 0, result.summary["findings"]["violation_examples"]
+    queued = result.summary["fleet_queue"]["hosts"]
+    assert [(h["host"], h["messages"]) for h in queued] == [("hub", 2), ("mx", 0)]
+    journeys = _journeys(spark, tmp_path / "out")
+    assert [(j["route"], j["ended"]) for j in journeys] == [("mx>hub", "queued")]
+    copy = journeys[0]["hops"][1]["n"]
+    findings = spark.read.parquet(str(tmp_path / "out" / "findings.parquet")) \
+        .filter("kind = 'duplicate-across-hosts'").collect()
+    assert findings[0]["host"] == "hub" and findings[0]["severity"] == "notice"
+    assert findings[0]["detail"] == (
+        "hub queued message %d and message %d for one hand-off from mx message %d (an attempt "
+        "it logged as deferred)" % (findings[0]["n"], copy, journeys[0]["origin_n"]))
