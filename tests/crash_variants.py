@@ -65,3 +65,89 @@ def not_before_after_fsync():
             os.utime(fd, ns=(os.fstat(fd).st_atime_ns, not_before * 10 ** 9))
         return done
     qmailqueue.fill_mess = logenqueue.fill_mess = late
+
+
+def short_header_read():
+    """The log's readers taking a record header (12 bytes) at a position without checking
+    that 12 bytes remain: a torn append that left fewer (a power cut at a sector boundary
+    just past the append's start) raises struct.error where the real code finds the
+    log's end. Only a tear at a sector boundary leaves so little: a cut at half of an
+    append leaves its whole header."""
+    from qmailpy.backends.log import records
+    header = records.RECORD_HEADER
+
+    def frame_length(data, pos=0):
+        magic, type, flags, length, crc = header.unpack_from(data, pos)
+        if magic != records.RECORD_MAGIC or length > records.MAX_PAYLOAD:
+            return None
+        end = pos + records.RECORD_HEADER_SIZE + length
+        if end > len(data):
+            return None
+        payload = data[pos + records.RECORD_HEADER_SIZE:end]
+        if records.crc32c(payload, records.crc32c(data[pos:pos + 3] + data[pos + 4:pos + 8])) != crc:
+            return None
+        return end - pos
+    records.frame_length = frame_length
+
+
+def corrupt_read_as_torn_end():
+    """Recovery reading the first record that fails its checksum as the torn end of the
+    log, without looking for a good record after it (the appender's valid_end does
+    look): the head is cut there, and records after the bad one are lost, the ones
+    appended after the crash by qmail-queue included. A bad record with good ones after
+    it is an earlier write torn while later ones were kept (or a hole among appends)."""
+    from qmailpy.backends.log import records
+
+    def decode(data, segment, start=records.HEADER_SIZE, final=True):
+        found, problems, pos = [], [], start
+        while pos < len(data):
+            record = records.decode_one(data, pos)
+            if record is None:
+                problems.append(records.Problem(records.TORN, segment, pos, len(data)))
+                break
+            record.pos = (segment, pos)
+            found.append(record)
+            pos += record.length
+        return found, problems, pos
+    records.decode = decode
+
+
+def pid_name_means_unfinished():
+    """qmail-send (directory backend) taking a message whose body is still linked from
+    pid/ and whose intd/n is gone for one whose qmail-queue never reached S3, and leaving
+    it to the 36-hour cleanup. Neither the pid/ name's unlink nor intd/n's creation is
+    ever made durable (todo/n and mess/S/n are): losing either alone misleads nothing
+    here, losing both does."""
+    from qmailpy.backends.dir.queue import DirQueue
+    from qmailpy.layout import SPLIT
+    new_work = DirQueue.new_work
+
+    def unfinished(n, queue):
+        try:
+            linked = os.stat(os.path.join(queue, "mess", str(n % SPLIT), str(n))).st_nlink > 1
+        except FileNotFoundError:
+            return False
+        return linked and not os.path.exists(os.path.join(queue, "intd", str(n)))
+
+    def finished_only(self):
+        return [n for n in new_work(self) if not unfinished(n, self.queue)]
+    DirQueue.new_work = finished_only
+
+
+def leftovers_inherited():
+    """Directory backend preprocessing as qmail's: channel files of an earlier message
+    with the same number are removed only when info/S/n is there too. A power cut may
+    keep info's unlink and lose a channel file's; a new message on the freed inode
+    then meets the old channel file (its O_EXCL create fails, every pass)."""
+    from qmailpy.backends.dir import preprocess
+    from qmailpy.backends.dir.state import rel
+
+    def create_info(self, n, info_rel):
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        try:
+            return os.open(self.state.path(info_rel), flags, 0o600)
+        except FileExistsError:
+            for kind in ("local", "remote", "info"):
+                self.state.unlink_quietly(rel(kind, n))
+            return os.open(self.state.path(info_rel), flags, 0o600)
+    preprocess.DirPreprocessor._create_info = create_info

@@ -32,60 +32,53 @@ states a disk may hold after a power cut in the middle of a protocol:
 3. materialise(): the pre-run copy plus the operations a state keeps, written into the
    roots with their times; the home's other files (users/, bin/) stay as they are.
 
-Not modelled: inode numbers. hold() keeps every removed file's inode allocated and a
-rebuilt file gets a new inode, so a new message taking a removed message's number (qmail
-names messages by inode) between the operations and the cut is never built; the tests
-cover number reuse with the real processes instead (tests/test_logqueue_reused_number.py,
-which plays a new qmail-queue's steps at a chosen number). What modelling it would take:
-- Recording it: ext4 (the tests' file system here) usually hands a freed inode to the
-  next file created in its block group (a create after an unlink in one directory got
-  the same number five times of five), so a recording may reuse a number if hold()
-  spares the removed message's files and a new qmail-queue runs, in the same strace,
-  after the removal:
-  the send run's recording would need a driver that starts qmail-start and, once A's
-  mess file is gone (inotify), queues B, checking that B's number is A's (tmpfs
-  numbers inodes from a counter and never reuses one; there the states must
-  synthesise it). Ops name inodes logically and paths by number, so build() and
-  materialise() keep such a reuse as recorded.
-- Or synthesis, per state: a message A whose removal (unlink of mess/S/A; on the log
-  backend its FINISH, then the body's unlink) lies before the prefix, and a message B
-  whose pid/ file is created after that unlink; rename B to A in every op from B's
-  create on: paths (pid/ link -> mess/(A % split)/A, intd/, todo/, info/, local/,
-  remote/, bounce/; the fsyncdir of mess/(B % split)/ becomes that of A's directory)
-  and, on the log backend, the u64 number in every record of B (ENVELOPE, snapshots,
-  START, DELIVERY, FINISH) with its CRC-32C recomputed (logrecords.frame; the size is
-  the same, so offsets and later records stay put) and B's entries in a checkpoint or
-  counts file written after it. B's link at mess/S/A comes after A's unlink there, so
-  one fsync of mess/S/ makes both durable: the states to keep are those that lose A's
-  FINISH or A's todo/info removals while B's mess/S/A is kept (A's records say "in
-  flight" and the body is B's) - the revived-A-with-B's-body state of issue 29.
-- Tree.key() would then need the number in the identity (it has it through the
-  paths), and the checks: B reaches its recipients whole, and no recipient of A gets a
-  copy whose X-Crash-Id is B's.
-- The known-bad variant it must catch: qmail-send unlinking a finished message's body
-  before its FINISH is appended and synced (log backend), or removing mess/S/n before
-  the message's info/ and channel files are durably gone (directory backend). Without
-  reuse the state "body gone, FINISH lost" is set aside and loses nothing (the
-  message was delivered); with B at A's number and B acknowledged (its ENVELOPE's
-  fsync, or todo/'s, made B's link durable), A comes back with B's body for A's
-  recipients and A's end removes B's body: an acknowledged message lost. (The defect
-  bench/kill_campaign.py found, recovery cleaning a replayed FINISH's body without the
-  exclusive flock on queue/, Recovery._clean_replayed, needs a qmail-queue running
-  across the recovery: no power-cut state has one; it stays with
-  tests/test_logqueue_reused_number.py.)
+Each dimension has a known-bad variant of the code that only it catches
+(tests/crash_variants.py, tests/test_crash_states.py): a lost directory taking its
+contents, queue/log's mkdir not synced (log_dir_unsynced); mtimes, a not-before time
+set after the fsync (not_before_after_fsync); the checkpoints across a FINISH, issue
+29's order (unlink_before_checkpoint); a tear at a sector boundary, a record header read past the data (short_header_read: an append that
+starts 5 bytes before a boundary, cut there, leaves 5 bytes; the cut at half leaves a
+whole header); an earlier write torn, recovery that takes a bad record for the end of
+the log (corrupt_read_as_torn_end: the good records after it, qmail-queue's after the
+crash included, are cut away; a torn last write is a torn end, and an append is lost
+only with the later ones); a pair of drops, a conclusion drawn from two names that are
+never synced (pid_name_means_unfinished: the pid/ name's unlink and intd/n's creation,
+each harmless lost alone); one unsynced kept, the body's removal kept with the info/
+removals lost (_end_without_body in the directory backend was found so, see
+test_dir_send_run); inode reuse, below.
+
+Inode numbers: hold() keeps every removed file's inode allocated and a rebuilt file
+gets a new inode, so a recording never reuses a message number by itself (ext4 gives a
+new file the lowest free inode of its block group: on this busy disk 0 of 10 new
+messages took the number just freed). renumber() synthesises the reuse on the
+directory backend: a message b queued after message a's body is gone
+(tests/reuse_scenario.py) is renamed to a's number in every operation from its mess/
+link on (paths, and the fsyncs of its split directories). The states kept are those
+that lost an unsynced removal of a's files and kept a's body removal and b's link (one
+fsync of mess/S/ makes both durable). Checked: b reaches b@, and no one gets a message
+not sent to them (Explorer.own_recipients). Caught: leftovers_inherited, qmail's own
+preprocessing (an earlier life's channel files removed only when info/ is there too).
+Found: the directory backend does not make the unlinks of todo/n (preprocessing),
+info/S/n and the channel files (completion) durable before qmail-clean removes the
+body, so a state that keeps b at a's number and loses one of them brings a back with
+b's body for a's recipients (a xfail test, strict, until the backend is changed).
+POSIX allows that state; ext4's journal, which commits name operations in order, does
+not. Not synthesised: the log backend (b's number is inside its records too: ENVELOPE,
+snapshots, START, DELIVERY, FINISH, each with its CRC-32C to recompute, same sizes, and
+in the checkpoint and counts files written after it; the states to keep: a's FINISH
+lost while b's mess/S/a is kept). The kill-campaign defect in LogRecovery._clean_replayed
+(a body cleaned without the exclusive flock on queue/) needs a qmail-queue running
+across the recovery: no power-cut state has one; tests/test_logqueue_reused_number.py
+covers it.
 
 Tears: a tear keeps a prefix of one write. Every write the recorded protocols make past
 a sector is an append (segment records, bodies, Maildir files, checkpoint and counts
 temporaries), and a torn append leaves a record or file shorter than it declares: the
-log rejects it by its length before its CRC (logrecords.decode_one), a checkpoint or
+log rejects it by its length before its CRC (log/records.py decode_one), a checkpoint or
 counts temporary is fsync'd (or checksummed) before its rename. A cut at a sector
 boundary therefore finds what the cut at half does, except where it leaves less than a
-record header (12 bytes) of an append: decode_one's first test. The writes made in
-place (the 1-byte garbage flag, the 56-byte commit word) cross no sector. No known-bad
-variant yet shows a defect only a boundary tear exposes, nor one only "two unsynced
-lost" exposes (a missing fsync is caught by the single drop of what it should have
-made durable; a pair-only defect needs two unsynced operations that each make up for
-the other's loss, and none is known in the recorded protocols).
+record header (12 bytes) of an append (short_header_read). The writes made in place
+(the 1-byte garbage flag, the 56-byte commit word) cross no sector.
 
 Paths in a Tree and an Op are relative to pre: "queue/mess/3/123", "homes/a/Maildir/new/x".
 
@@ -568,6 +561,43 @@ def parse(trace_path, roots, pre, manifest):
             continue
         handle(pid, name, _split_args(argstr), ret, retpath)
     return Recording(roots, pre, ops, acks, exits)
+
+
+SPLIT_KINDS = ("mess", "info", "local", "remote")     # queue/KIND/(n % split)/n
+NUMBERED = SPLIT_KINDS + ("intd", "todo", "bounce", "hold")     # or queue/KIND/n
+
+
+def renumber(rec, old, new, start, split):
+    """Inode reuse, synthesised on the directory backend: the recording with the message
+    numbered `old` renamed to `new` in every operation from index `start` (its mess/
+    link) on, as if the file system had given it that inode: its paths (mess/S/n,
+    intd/n, todo/n, info/S/n, local/S/n, remote/S/n, bounce/n, hold/n) and the fsyncs
+    of its split directories. `split`: the queue's number of split directories. The
+    recording must have no other message in old's split directories from `start` on
+    (else their fsyncs would move too): checked."""
+    def moved(path):
+        parts = (path or "").split("/")
+        if len(parts) < 3 or parts[0] != "queue" or parts[1] not in NUMBERED:
+            return path
+        if parts[-1] == str(old):
+            if len(parts) == 4:
+                parts[2] = str(new % split)
+            parts[-1] = str(new)
+        elif len(parts) == 3 and parts[1] in SPLIT_KINDS and parts[2] == str(old % split):
+            parts[2] = str(new % split)        # the fsync of a split directory
+        return "/".join(parts)
+
+    ops = list(rec.ops[:start])
+    for op in rec.ops[start:]:
+        path = op.path or ""
+        parts = path.split("/")
+        if op.kind in NAME_OPS and len(parts) == 4 and parts[2] == str(old % split) and parts[3] != str(old):
+            raise ValueError("%r shares msg %d's split directory" % (op, old))
+        copy = Op(op.kind, op.pid, path=moved(op.path), dst=moved(op.dst), ino=op.ino, off=op.off,
+                  data=op.data, size=op.size)
+        copy.append = op.append
+        ops.append(copy)
+    return Recording(rec.roots, rec.pre, ops, rec.acks, rec.exits)
 
 
 def snapshot(roots, pre):
