@@ -151,3 +151,21 @@ def leftovers_inherited():
                 self.state.unlink_quietly(rel(kind, n))
             return os.open(self.state.path(info_rel), flags, 0o600)
     preprocess.DirPreprocessor._create_info = create_info
+
+
+def bodiless_todo_kept_while_info_is_there():
+    """qmail-send (directory backend) removing a todo/n whose body is gone only when the
+    message has no info/S/n; with info/ there it takes the preprocessing for interrupted
+    and tries again later, for good. A power cut that keeps qmail-clean's unsynced removal
+    of the body and loses the earlier removals of todo/n and info/S/n leaves that; losing
+    either of those alone, or all of them, does not."""
+    from qmailpy.backends.base import QueueError
+    from qmailpy.backends.dir import preprocess
+    from qmailpy.backends.dir.state import rel
+    drop = preprocess.DirPreprocessor._drop_ended_todo
+
+    def unless_info(self, n, mess_rel):
+        if self.state.exists(rel("info", n)):
+            raise QueueError("unable to open %s; will try again later" % mess_rel)
+        return drop(self, n, mess_rel)
+    preprocess.DirPreprocessor._drop_ended_todo = unless_info

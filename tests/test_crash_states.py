@@ -1071,6 +1071,30 @@ def test_a_pair_of_lost_operations_is_caught(explorer_base):
     report("dir qmail-queue x1, after its exit: one, two or all unsynced lost", *results[None])
 
 
+def the_body_removal_kept(rec, state):
+    """only() for explore(): one unsynced operation kept, and it is a body's unlink."""
+    if state.how != "one unsynced kept":
+        return False
+    kept = set(cs.not_durable(rec.ops, state.prefix)) - state.dropped
+    return [(rec.ops[i].kind, rec.ops[i].path.split("/")[1]) for i in kept] == [("unlink", "mess")]
+
+
+def test_one_kept_operation_is_caught(explorer_base):
+    """All unsynced operations lost but one name operation: qmail-clean's removal of an
+    ended message's body kept (another message's fsync of mess/S/ made it durable) while
+    the earlier removals of its todo/, info/ and channel files are lost.
+    crash_variants.bodiless_todo_kept_while_info_is_there (todo/n without a body removed
+    only when info/ is gone) is caught; one of those removals lost alone, or all, leaves
+    no todo/n with info/ and no body."""
+    def record(ex):
+        ex.queue("m1", [RCPTS[0]])
+        return ex.record_send_run()
+    results = compare("bodiless_todo_kept_while_info_is_there", variant_homes(explorer_base, "dir", ("qmail-send",)),
+                      record, single_keeps=True, only=the_body_removal_kept)
+    assert results["bodiless_todo_kept_while_info_is_there"][2], "the explorer missed a body removal kept alone"
+    report("dir qmail-send run (1 message), only the body's removal kept", *results[None])
+
+
 def a_removal_lost_under_a_new_message(a, lost, kept):
     """only() for explore(): after a new message took number a (its mess/S/a link after a's
     unlink there, both kept), a state that lost an unsynced removal of one of a's files
