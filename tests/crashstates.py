@@ -43,9 +43,9 @@ the log (corrupt_read_as_torn_end: the good records after it, qmail-queue's afte
 crash included, are cut away; a torn last write is a torn end, and an append is lost
 only with the later ones); a pair of drops, a conclusion drawn from two names that are
 never synced (pid_name_means_unfinished: the pid/ name's unlink and intd/n's creation,
-each harmless lost alone); one unsynced kept, the body's removal kept with the info/
-removals lost (_end_without_body in the directory backend was found so, see
-test_dir_send_run); inode reuse, below.
+each harmless lost alone); one unsynced kept, the body's removal kept with the todo/ and
+info/ removals lost (bodiless_todo_kept_while_info_is_there; _end_without_body in the
+directory backend was found so, see test_dir_send_run); inode reuse, below.
 
 Inode numbers: hold() keeps every removed file's inode allocated and a rebuilt file
 gets a new inode, so a recording never reuses a message number by itself (ext4 gives a
