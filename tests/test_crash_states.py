@@ -946,7 +946,7 @@ def test_not_before_holds_survive(explorer_base, variant):
 # protocol depends on it. A new one fails test_no_untraced_calls_unknown: trace it in
 # crashstates.parse(), or say here why the explorer need not see it.
 UNTRACED_KNOWN = {
-    ("qmailpy/layout.py", "os.mkfifo"): "qmailctl init makes lock/trigger; states keep a root's fifos as before the run",
+    ("qmailpy/hierarchy.py", "os.mkfifo"): "qmailctl init makes lock/trigger; states keep a root's fifos as before the run",
     ("qmailpy/ctl/launchers.py", "os.symlink"): "qmailctl's launchers and man links, outside every root",
     ("qmailpy/queue/spool.py", "O_TMPFILE"): "a nameless scratch file for a message being received, never linked into a root",
 }
