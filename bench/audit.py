@@ -131,7 +131,8 @@ def fleet_main(args):
         for name in sorted(os.listdir(directory)):
             if os.path.isdir(os.path.join(directory, name)) and name != "logs":
                 os.rename(os.path.join(directory, name), os.path.join(logs, name))
-    lines = sum(count_lines(os.path.join(logs, h, "current")) for h in os.listdir(logs))
+    hosts = [os.path.join(logs, h) for h in sorted(os.listdir(logs))]   # one argument per host
+    lines = sum(count_lines(os.path.join(h, "current")) for h in hosts)
     fleet_map = read_map(os.path.join(directory, "fleet.map"))
 
     from qmailpy.cli.qmail_audit import session
@@ -144,7 +145,7 @@ def fleet_main(args):
     results = {}
     for parser in (("python", "sql") if args.parser == "both" else (args.parser,)):
         t = time.time()
-        result = job.audit(spark, [logs], os.path.join(args.dir, "out-fleet-" + parser),
+        result = job.audit(spark, hosts, os.path.join(args.dir, "out-fleet-" + parser),
                            job.Options(write_parquet=True, fleet_map=fleet_map, parser=parser))
         wall = time.time() - t
         results[parser] = result
