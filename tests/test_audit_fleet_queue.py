@@ -227,10 +227,10 @@ def test_where_finds_a_message_gone_from_every_queue_by_its_sender_in_the_logs(a
 
 def _where(base, hosts, query, out):
     inputs, host_map = _inputs(base, hosts)
-    args = [os.path.join(VENV_BIN, "qmail-audit"), "--master", "local[1]", "--fleet",
+    args = [os.path.join(VENV_BIN, "qmail-audit"), "--master", "local[2]", "--fleet",
             str(base / "fleet.map"), "--where", query, "--out", str(out), "--no-parquet"]
     args += ["--host=%s=%s" % (n, p) for p, n in host_map]
-    return subprocess.run(args + inputs, capture_output=True, text=True, timeout=600)
+    return subprocess.run(args + inputs, capture_output=True, text=True, timeout=1800)
 
 
 @pytest.mark.slow
