@@ -181,11 +181,12 @@ def _logs_python(sc, log_files, persisted):
 
 
 def _logs_sql(spark, log_files, persisted):
-    """_logs_python's results with the lines parsed and counted in the JVM by Spark SQL
-    (--parser=sql): Python sees only the events."""
+    """_logs_python's results, and the parsed lines' frame, with the lines parsed and
+    counted in the JVM by Spark SQL (--parser=sql): Python sees only the events of messages
+    (the frame pairs delivery results with their starts)."""
     parsed = logsql.read(spark, log_files, lambda f: _text(spark.sparkContext, f))
     if parsed is None:
-        return {}, {}, None, lambda limit: []
+        return {}, {}, None, lambda limit: [], None
     parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
     persisted.append(parsed)
     line_counts, spans, parts = logsql.tallies(parsed)
@@ -193,7 +194,7 @@ def _logs_sql(spark, log_files, persisted):
     def examples(limit):
         return [e[:3] + (logsql.line_index(e[2], e[3], parts),) + e[4:]
                 for e in logsql.bad_lines(parsed, limit)]
-    return line_counts, spans, logsql.events(parsed), examples
+    return line_counts, spans, logsql.events(parsed), examples, parsed
 
 
 def _snapshot_partition(rows):
@@ -324,9 +325,10 @@ def audit(spark, specs, out_dir, opts=None):
     # logs ------------------------------------------------------------------
     log_files = sorted((f for f in files if f.kind == "log"), key=lambda f: (f.host, f.order))
     if opts.parser == "sql":
-        line_counts, spans, events, examples = _logs_sql(spark, log_files, persisted)
+        line_counts, spans, events, examples, frame = _logs_sql(spark, log_files, persisted)
     else:
         line_counts, spans, events, examples = _logs_python(sc, log_files, persisted)
+        frame = None
     log_names = [f.path for f in log_files]
     bad_counts = {k[4:]: v for k, v in line_counts.items() if k.startswith("bad:")}
     if bad_counts:
@@ -355,7 +357,10 @@ def audit(spark, specs, out_dir, opts=None):
         seg_rows = rows if seg_rows is None else seg_rows.union(rows)
 
     # per-message tables ------------------------------------------------------
-    restarts = _restarts(events) if events is not None else {}
+    if frame is not None:
+        restarts = logsql.restarts(frame)
+    else:
+        restarts = _restarts(events) if events is not None else {}
     contexts = {}
     for host in set(spans) | set(snapshot_hosts):
         span = spans.get(host)
@@ -370,10 +375,13 @@ def audit(spark, specs, out_dir, opts=None):
     row_rdds = []
     if events is not None:
         parts = max(2, events.getNumPartitions())
-        deliveries = events.filter(lambda e: e[3] in ("start", "result")) \
-            .map(lambda e: ((e[0], e[5]), e)).groupByKey(parts) \
-            .map(lambda kv: messages.pair_deliveries(list(kv[1])))
-        paired = deliveries.flatMap(lambda pu: pu[0])
+        if frame is not None:
+            paired = logsql.paired_deliveries(frame)
+        else:
+            deliveries = events.filter(lambda e: e[3] in ("start", "result")) \
+                .map(lambda e: ((e[0], e[5]), e)).groupByKey(parts) \
+                .map(lambda kv: messages.pair_deliveries(list(kv[1])))
+            paired = deliveries.flatMap(lambda pu: pu[0])
         msg_events = events.filter(lambda e: e[3] in logparse.MESSAGE_KINDS) \
             .map(lambda e: ((e[0], e[4]), ("ev", e, e[1], e[2])))
         keyed = msg_events.union(paired)

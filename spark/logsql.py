@@ -24,6 +24,7 @@ lines(df) takes (host, rank, index, line) and returns one row per line with
 """
 import re
 
+from pyspark.sql import Window
 from pyspark.sql import functions as F
 
 from qmailpy import logline
@@ -304,5 +305,40 @@ def bad_lines(parsed, limit):
 
 
 def events(parsed):
-    """logparse's event tuples (an RDD) of the lines that are events."""
-    return parsed.filter(F.col("ekind").isNotNull()).rdd.map(event_tuple)
+    """logparse's event tuples (an RDD) of the lines that are events, but delivery results:
+    paired_deliveries() matches those with their starts in the JVM."""
+    return parsed.filter(F.col("ekind").isNotNull() & (F.col("ekind") != "result")) \
+        .rdd.map(event_tuple)
+
+
+def paired_deliveries(parsed):
+    """messages.pair_deliveries as a window, in the JVM: a result belongs to the line just
+    before it among its (host, delivery id)'s starts and results when that line is a start
+    (matchup(1): a later start overwrites a pending one; a result answers it once).
+    An RDD of ((host, n), ("del", delivery, seq, time)) as process_group takes them."""
+    w = Window.partitionBy("host", "d").orderBy("seq")
+    before = [F.lag(c).over(w).alias("p_" + c) for c in ("ekind", "n", "time", "a_str", "b_str",
+                                                          "seq")]
+    rows = parsed.filter(F.col("ekind").isin("start", "result")) \
+        .select("host", "d", "seq", "time", "ekind", "a_str", "b_str", *before) \
+        .filter((F.col("ekind") == "result") & (F.col("p_ekind") == "start"))
+    return rows.rdd.map(_paired_item)
+
+
+def _paired_item(r):
+    host, d, seq, when, _, letter, reason, _, n, dstart, channel, recipient, start_seq = r
+    return ((host, n), ("del", (dstart, d, channel, recipient, letter, reason, start_seq),
+                        seq, when))
+
+
+def restarts(parsed):
+    """{host: seqs where a `starting delivery` id is not above the one before it}: where
+    qmail-send began numbering again (job._restarts, in the JVM)."""
+    w = Window.partitionBy("host").orderBy("seq")
+    rows = parsed.filter(F.col("ekind") == "start") \
+        .select("host", "seq", (F.col("d") <= F.lag("d").over(w)).alias("drop")) \
+        .filter(F.col("drop")).select("host", "seq").collect()
+    found = {}
+    for host, seq in rows:
+        found.setdefault(host, []).append(seq)
+    return {host: sorted(seqs) for host, seqs in found.items()}
