@@ -184,7 +184,9 @@ def test_shared_sample_epoch_and_tai64n_give_the_readme_counts(spark, tmp_path):
     findings = pq.read_table(str(out / "findings.parquet")).to_pylist()
     assert sorted(f["kind"] for f in findings) == ["never-ended"] * 21
     html = (out / "report.html").read_text()
-    assert html.count("<svg") == 4 and "No violation found." in html
+    # the four plots, and the fleet queue's messages by age (the snapshot)
+    assert html.count("<svg") == 5 and "No violation found." in html
+    assert "Fleet queue: what is queued where" in html
     assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
     summary = json.loads((out / "summaries.json").read_text())
     assert summary["messages"]["numbers"] == 260
