@@ -56,9 +56,13 @@ def _shortest(before, after):
     return []
 
 
-# Moves some record stands for; every other legal move leaves no record.
+# Moves some record stands for; every other legal move leaves no record. Holds are
+# recorded too, though no record kind is named after them: a hold or a release is a
+# REPLACEMENT and a hold asked at queueing a PREPROCESSED with the held bit, so a path
+# through HELD is never taken silently (it would let a FINISH follow a bare ENVELOPE).
 RECORDED = {edge for before, after in states.RECORD_TRANSITIONS.values() if before != after
-            for edge in _shortest(before, after)}
+            for edge in _shortest(before, after)} \
+    | {edge for edge in states.TRANSITIONS if states.HELD in edge}
 
 
 def _unrecorded(edge):
