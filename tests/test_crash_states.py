@@ -1150,11 +1150,6 @@ def test_a_new_message_on_an_ended_messages_number(explorer_base):
     report("dir qmail-send run, a new message on an ended message's number", *results[None])
 
 
-@pytest.mark.xfail(strict=True, reason="directory backend: the unlinks of todo/n (preprocessing), info/S/n "
-                   "and the channel files (completion) are not made durable before qmail-clean removes the "
-                   "body, so a power cut that keeps a new message's mess/S/n link at the same number may bring "
-                   "them back: the ended message is preprocessed or delivered again with the new message's "
-                   "body, to its own recipients")
 def test_a_lost_info_or_todo_removal_under_a_new_message(explorer_base):
     """The states of the test above that lost a's todo/ or info/ removal: todo/a (a's
     envelope), or info/a with a's channel file and its recipient's done mark lost, is

@@ -9,7 +9,6 @@ the bounce notes, the hold marker, info/ and the body; asks qmail-clean to remov
 what a queued message has (todo/, intd/, mess/). Keeps the batch of deletes in
 state.unsynced and state.deleting, and state.schedule in step. Owns nothing.
 """
-import os
 
 from qmailpy.backends.base import QueueError, Scheduled
 from qmailpy.backends.dir.state import rel
@@ -53,7 +52,7 @@ class DirCommands:
         for c in CHANNELS:
             channel_rel = rel(c, n)
             if state.unlink_quietly(channel_rel):
-                state.unsynced.add(channel_rel)
+                state.removed(channel_rel)
         state.deleting.append(n)
 
     def delete_queued(self, n):
@@ -70,18 +69,15 @@ class DirCommands:
         todo = rel("todo", n)
         if state.clean(todo) != b"+":
             raise QueueError("qmail-clean unable to clean up %s" % todo)
+        state.removed(todo)
+        state.sync_unsynced()               # todo/n gone for good before the body may be
         foop = rel("foop", n)
         if state.clean(foop) != b"+":
             state.warn("qmail-clean unable to clean up %s" % foop)
 
     def commit(self):
         state = self.state
-        synced = set()
-        for unlinked in state.unsynced:
-            if os.path.dirname(unlinked) not in synced:
-                state.sync_dir_of(unlinked)
-                synced.add(os.path.dirname(unlinked))
-        state.unsynced.clear()
+        state.sync_unsynced()
         while state.deleting:
             n = state.deleting[0]
             state.unlink_quietly(rel("bounce", n))

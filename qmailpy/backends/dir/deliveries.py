@@ -4,8 +4,9 @@ writes of a preprocessed message (docs/queue-format.md "File formats").
 Interface: DirDeliveries(state, holds) with a DirState (state.py) and a DirHolds
 (holds.py). Reads info/S/n, the channel files and bounce/n; writes a channel
 file's D marks (pwrite at the record's offset), its mtime (the next attempt),
-bounce/n (appended, fsync'd); unlinks channel files, bounce/n and info/S/n, and asks
-qmail-clean (state.cleaner) to remove the rest (foop/n). Keeps state.schedule in
+bounce/n (appended, fsync'd); unlinks channel files, bounce/n and info/S/n, syncs
+their directories (state.sync_unsynced) and only then asks qmail-clean
+(state.cleaner) to remove the rest (foop/n). Keeps state.schedule in
 step with the channel files. Owns nothing.
 """
 import errno
@@ -126,6 +127,7 @@ class DirDeliveries:
             os.unlink(self.state.path(channel_rel))
         except OSError:
             raise QueueError("unable to unlink %s; will try again later" % channel_rel)
+        self.state.removed(channel_rel)
         self.state.schedule.drop(n, channel)
         return self.channels_left(n)
 
@@ -156,18 +158,26 @@ class DirDeliveries:
             raise QueueError("unable to stat %s" % bounce_rel)
 
     def drop_bounce_notes(self, n):
-        self.state.unlink_quietly(rel("bounce", n))
+        if self.state.unlink_quietly(rel("bounce", n)):
+            self.state.removed(rel("bounce", n))
 
     def complete(self, n):
-        """Unlink the hold marker and info/S/n, then ask qmail-clean for foop/n."""
+        """Unlink the hold marker and info/S/n, sync the directories of every name
+        removed so far (this message's todo/n, channel files, bounce/n and info/S/n, and
+        any other's since the last sync: one fsync per directory for all of them), then
+        ask qmail-clean for foop/n. The body goes last and only then may a new message
+        take number n (its inode): a power cut must not bring back the old message's
+        names under the new body (docs/queue-format.md "Completion")."""
         self.holds.drop(n)
         info_rel = rel("info", n)
         try:
             os.unlink(self.state.path(info_rel))
+            self.state.removed(info_rel)
         except FileNotFoundError:
             pass
         except OSError:
             raise QueueError("unable to unlink %s; will try again later" % info_rel)
+        self.state.sync_unsynced()
         foop = rel("foop", n)
         cleaner = self.state.cleaner
         if cleaner is not None and hasattr(cleaner, "send_async"):

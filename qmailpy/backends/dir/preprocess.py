@@ -89,6 +89,7 @@ class DirPreprocessor:
                 replies = [self.state.cleaner.request(name) for name in names]
             for prepared, name, reply in zip(committed, names, replies):
                 if reply == b"+":
+                    self.state.removed(name)    # synced before any body's removal
                     results.append((prepared[0].n, prepared[0]))
                 else:
                     results.append((prepared[0].n, QueueError("qmail-clean unable to clean up %s" % name)))
@@ -98,6 +99,7 @@ class DirPreprocessor:
         todo_rel = rel("todo", prepared[0].n)
         if self.state.clean(todo_rel) != b"+":
             raise QueueError("qmail-clean unable to clean up %s" % todo_rel)
+        self.state.removed(todo_rel)
         return prepared[0]
 
     def _sync_dirs(self, committed):

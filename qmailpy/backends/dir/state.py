@@ -5,8 +5,10 @@ reply byte, and optionally request_many and send_async; see
 qmailpy.send.clean.CleanClient), the warning sink (`log`: bytes -> None), the
 schedule (schedule.py), the hold markers in memory (`held`: n -> birth; `parked`: n ->
 [Scheduled] of held messages, holds.py) and a batch of deletes waiting for commit()
-(`unsynced`: channel files unlinked, their directories not yet synced; `deleting`:
-messages whose removal commit() finishes; commands.py).
+(`deleting`: messages whose removal commit() finishes; commands.py) and the names
+removed whose directories are not yet synced (`unsynced`: channel files, todo/n,
+info/S/n, bounce/n; sync_unsynced() before qmail-clean may remove a body, so that a
+new message given the same number never meets them again after a power cut).
 
 Provides the file operations every part uses, each turning an OSError into the
 QueueError whose text is qmail-send's warning (without "warning: "), naming the
@@ -81,6 +83,23 @@ class DirState:
             fsync_dir(os.path.dirname(self.path(rel)))
         except OSError:
             raise QueueError("unable to sync %s" % os.path.dirname(rel))
+
+    def removed(self, rel):
+        """rel was unlinked: its directory is synced at the next sync_unsynced()."""
+        self.unsynced.add(rel)
+
+    def sync_unsynced(self):
+        """fsync each directory a name was removed from since the last call, once.
+
+        qmail names a message by its body's inode: once qmail-clean unlinks mess/S/n, a
+        new message may take n, and under POSIX a power cut may keep its body while
+        bringing back an ended message's todo/n, info/S/n or channel files."""
+        for dir_rel in sorted({os.path.dirname(r) for r in self.unsynced}):
+            try:
+                fsync_dir(self.path(dir_rel))
+            except OSError:
+                raise QueueError("unable to sync %s" % dir_rel)
+        self.unsynced.clear()
 
     def utime(self, rel, when):
         """Set rel's mtime (a channel file's next attempt); a file gone is no error."""
