@@ -53,6 +53,7 @@ import knobs
 import reuse_scenario
 from conftest import AS_ROOT, make_home, traversable_base
 from lspawn_harness import LocalUsers
+from qmailpy.backends.log import records as R
 from qmailpy.backends.log.commit import list_segments, segment_name
 from qmailpy.layout import SPLIT, relpath
 from queue_view import leftovers
@@ -1054,6 +1055,45 @@ def test_an_earlier_torn_write_is_caught(explorer_base):
                       record, cap=10, only=appended_behind, earlier_tears=True)
     assert results["corrupt_read_as_torn_end"][2], "the explorer missed a corrupt stretch read as the end"
     report("log qmail-send run (1 message, 2 deliveries), an earlier append torn", *results[None])
+
+
+def a_snapshot_torn_under_its_replacement(rec, state):
+    """only() for explore(): a snapshot record (PREPROCESSED or REPLACEMENT) torn while
+    a later REPLACEMENT of the same message, naming it as its prev, was kept."""
+    if not appended_behind(rec, state):
+        return False
+    (i,) = state.torn
+    op = rec.ops[i]
+    torn = R.decode_one(op.data, 0)
+    if torn is None or torn.type not in R.SNAPSHOTS:
+        return False
+    for j in range(i + 1, state.prefix):
+        later = rec.ops[j]
+        if later.kind == "write" and later.ino == op.ino and j not in state.dropped:
+            records, _, _ = R.decode(later.data, 0, 0)
+            if any(r.type == R.REPLACEMENT and r.n == torn.n and r.fields["prev"][1] == op.off
+                   for r in records):
+                return True
+    return False
+
+
+def test_a_torn_snapshot_under_the_starts_that_name_it(explorer_base):
+    """Found by the full run (2 of 982 states of test_remote_deliveries): m1's
+    PREPROCESSED torn, its START records (local, remote) and the REPLACEMENT that ends
+    local kept, and the DELIVERY of remote after it. Recovery ignored the STARTs (they
+    name a lost snapshot) and kept the checkpoint's m1 ENVELOPE as not yet preprocessed:
+    qmail-send preprocessed m1 again beside its live REPLACEMENT, the runner offered that
+    one too, remote was delivered twice at once and qmail-send stopped on
+    `internal error in qmail-send: KeyError: 'remote'`. Recovery now takes the ENVELOPE
+    as superseded (the REPLACEMENT's prev is later) and the REPLACEMENT as in flight from
+    the STARTs, with the deltas after it (log/recovery.py)."""
+    ex = Explorer(explorer_base, "log")
+    ex.add_peer()
+    ex.queue("m1", [RCPTS[0], REMOTE])
+    ex.queue("m2", [REMOTE])
+    rec = ex.record_send_run()
+    report("log qmail-send run, 2 remote deliveries, a snapshot torn under its REPLACEMENT",
+           *ex.explore(rec, None, only=a_snapshot_torn_under_its_replacement, earlier_tears=True))
 
 
 def test_a_pair_of_lost_operations_is_caught(explorer_base):

@@ -109,6 +109,7 @@ class Recovery:
                 continue
             a.passes = set(passes) & set(a.channels)
         self.state.replayed_state = {}             # n -> its newest ENVELOPE or snapshot replayed
+        self.state.lost_starts = {}                # n -> (lost snapshot, channels STARTed from it)
         counts = logcounts.read(self.state.logdir)
         self.state.state_counts = counts if counts is not None and counts.pos >= start else None
         with self.segments.writer.locked():
@@ -194,6 +195,12 @@ class Recovery:
             self.state.replayed_state[n] = rec.pos
             self.garbage.count(rec.pos, 1)
             a = self.state.active.get(n)
+            lost = self.state.lost_starts.pop(n, None)
+            if a is None and lost is not None and lost[0] == rec.prev:
+                # the snapshot the STARTs named is lost, this one carries its recipients:
+                # those passes are in flight from here, and the deltas after it apply
+                a = InFlight(n, rec.prev, rec)
+                a.passes = lost[1]
             if a is not None:
                 keep = (a.passes - set(rec.ended)) & set(rec.channels)
                 fresh = InFlight(n, rec.pos, rec)
@@ -216,6 +223,10 @@ class Recovery:
                     a = self._active_at(n, rec.snapshot)
                 except QueueError as e:
                     self.state.warn("START for message %d names a lost snapshot: %s" % (n, e))
+                    snap, channels = self.state.lost_starts.get(n, (rec.snapshot, set()))
+                    if snap != rec.snapshot:
+                        channels = set()
+                    self.state.lost_starts[n] = (rec.snapshot, channels | {rec.channel})
                     return
             a.passes.add(rec.channel)
         else:
@@ -227,8 +238,11 @@ class Recovery:
         """A record superseding `prev` supersedes n's newest state replayed before it too
         when that is not `prev`: the record between them was lost (a hole a power cut
         left among unsynced appends, or damage). Left live, that older state would be
-        offered again after a FINISH had removed the body, and fail for good."""
-        older = self.state.replayed_state.get(n)
+        offered again after a FINISH had removed the body, and fail for good. An ENVELOPE
+        the checkpoint lists as not yet preprocessed, before the replay, is such a state
+        too: preprocessed again it would put a second copy of the message in flight beside
+        the live snapshot, each delivering it (qmail-send stopped on KeyError: 'remote')."""
+        older = self.state.replayed_state.get(n, self.state.pending_new.get(n))
         if older is not None and older != prev and older < prev:
             self.garbage.supersede(older)
             if self.state.pending_new.get(n) == older:

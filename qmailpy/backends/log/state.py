@@ -13,7 +13,8 @@ pending_new (n -> position of an ENVELOPE not yet preprocessed), set_aside (of
 pending_new, those preprocessing set aside: n -> position), taken (n -> live
 snapshot position found by a command's take()), locators (the commands' walks,
 locator.py: every append is noted to them), replayed_state (recovery: n -> its
-newest ENVELOPE or snapshot replayed).
+newest ENVELOPE or snapshot replayed), lost_starts (recovery: n -> (position, channels)
+of STARTs naming a snapshot that is lost).
 
 Garbage: live (segment -> live records), garbage (superseded positions whose flag
 is not yet written), to_clean (finished messages whose body goes after the next
@@ -55,6 +56,7 @@ class LogState:
         self.taken = {}
         self.locators = []
         self.replayed_state = {}
+        self.lost_starts = {}
         self.live = {}
         self.garbage = set()
         self.to_clean = []
