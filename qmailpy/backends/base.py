@@ -140,46 +140,50 @@ class QueueBackend(ABC):
         return results
 
     # -- qmail-send: deliveries -------------------------------------------
+    # Each backend's `deliveries` part (dir/deliveries.py, log/deliveries.py) does this
+    # work; the methods here and in "completion" below forward to it.
+    deliveries = None
+
     @abstractmethod
     def message_path(self, n):
         """The mess file relative to queue/mess, as the spawn protocol sends it ("5/457")."""
 
-    @abstractmethod
     def info(self, n):
         """(sender, birth) of a preprocessed message."""
+        return self.deliveries.info(n)
 
-    @abstractmethod
     def recipients(self, n, channel):
         """The ChannelRecords of one channel, done and pending, in order."""
+        return self.deliveries.recipients(n, channel)
 
-    @abstractmethod
     def mark_done(self, n, channel, record):
         """Record that one recipient is finished (success or permanent failure); durable
         at the next sync_results() at the latest."""
+        return self.deliveries.mark_done(n, channel, record)
 
     def sync_results(self):
         """Make the mark_done() calls made so far durable (QueueError if that fails).
         qmail-send calls it once after each batch of delivery reports, before it acts on
         them (completion, bounces), so that reports arriving together share one fsync."""
 
-    @abstractmethod
     def add_bounce_note(self, n, note):
         """Append one bounce note (envelope.bounce_note bytes) for message n."""
+        return self.deliveries.add_bounce_note(n, note)
 
-    @abstractmethod
     def finish_channel(self, n, channel):
         """Every recipient of the channel is done: drop the channel. Returns the
         names of the channels left (as channels_left() would have, just before a
         backend may let go of a message whose other channels wait for a retry)."""
+        return self.deliveries.finish_channel(n, channel)
 
-    @abstractmethod
     def reschedule(self, n, channel, when):
         """The channel's next attempt is at `when` (epoch seconds): the backend offers it
         again through due() then. QueueError: it did not take it; the caller keeps it."""
+        return self.deliveries.reschedule(n, channel, when)
 
-    @abstractmethod
     def channels_left(self, n):
         """Channel names of message n that still exist."""
+        return self.deliveries.channels_left(n)
 
     def channel_file(self, n, channel):
         """How log lines name a channel of message n ("local/5/457" in qmail's layout)."""
@@ -187,7 +191,7 @@ class QueueBackend(ABC):
 
     def completion_due(self, n):
         """True when message n is ready for completion (no channel left, nothing to redo)."""
-        return not self.channels_left(n)
+        return self.deliveries.completion_due(n)
 
     # -- qmail-send: the schedule (see the module docstring) ----------------
     @abstractmethod
@@ -203,22 +207,22 @@ class QueueBackend(ABC):
         """SIGALRM (docs/qmail-send.md "Signals"): everything waiting is offered through due() now."""
 
     # -- qmail-send: completion -------------------------------------------
-    @abstractmethod
     def bounce_notes(self, n):
         """The accumulated bounce notes (bytes), or None when nothing failed."""
+        return self.deliveries.bounce_notes(n)
 
-    @abstractmethod
     def drop_bounce_notes(self, n):
         """Forget the bounce notes once the bounce message is queued (or discarded)."""
+        return self.deliveries.drop_bounce_notes(n)
 
-    @abstractmethod
     def complete(self, n):
         """Finish message n: S5 -> S2 -> S1."""
+        return self.deliveries.complete(n)
 
-    @abstractmethod
     def save_schedule(self, entries):
         """Orderly exit: persist each (n, channel, when) the caller still holds, and the
         backend's own schedule, so a restart resumes on time."""
+        return self.deliveries.save_schedule(entries)
 
     @abstractmethod
     def stale_messages(self, now):

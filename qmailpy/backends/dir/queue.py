@@ -90,49 +90,13 @@ class DirQueue(QueueBackend):
     def preprocess_batch(self, numbers, route, announce=None):
         return self.preprocessor.preprocess_batch(numbers, route, announce)
 
-    # -- deliveries and completion (deliveries.py) -----------------------------
+    # -- deliveries and completion: the base class forwards them to deliveries.py ---
     def message_path(self, n):
         return "%d/%d" % (n % SPLIT, n)
 
     def channel_file(self, n, channel):
         """The channel file's name relative to the queue, for log lines."""
         return rel(channel, n)
-
-    def info(self, n):
-        return self.deliveries.info(n)
-
-    def recipients(self, n, channel):
-        return self.deliveries.recipients(n, channel)
-
-    def mark_done(self, n, channel, record):
-        self.deliveries.mark_done(n, channel, record)
-
-    def add_bounce_note(self, n, note):
-        self.deliveries.add_bounce_note(n, note)
-
-    def finish_channel(self, n, channel):
-        return self.deliveries.finish_channel(n, channel)
-
-    def reschedule(self, n, channel, when):
-        self.deliveries.reschedule(n, channel, when)
-
-    def channels_left(self, n):
-        return self.deliveries.channels_left(n)
-
-    def completion_due(self, n):
-        return self.deliveries.completion_due(n)
-
-    def bounce_notes(self, n):
-        return self.deliveries.bounce_notes(n)
-
-    def drop_bounce_notes(self, n):
-        self.deliveries.drop_bounce_notes(n)
-
-    def complete(self, n):
-        self.deliveries.complete(n)
-
-    def save_schedule(self, entries):
-        self.deliveries.save_schedule(entries)
 
     def stale_messages(self, now):
         return self.scanner.stale_messages(now)

@@ -274,30 +274,8 @@ def _channel(code):
     return CHANNELS[code]
 
 
-def decode_one(data, pos=0):
-    """The Record framed at data[pos:], or None if it is incomplete or fails its checksum."""
-    if pos + RECORD_HEADER_SIZE > len(data):
-        return None
-    magic, type, flags, length, crc = RECORD_HEADER.unpack_from(data, pos)
-    if magic != RECORD_MAGIC or length > MAX_PAYLOAD:
-        return None
-    end = pos + RECORD_HEADER_SIZE + length
-    if end > len(data):
-        return None
-    payload = data[pos + RECORD_HEADER_SIZE:end]
-    if crc32c(payload, crc32c(data[pos:pos + 3] + data[pos + 4:pos + 8])) != crc:
-        return None
-    try:
-        record = _decode_payload(type, payload)
-    except (RecordError, struct.error):
-        return None
-    record.flags = flags
-    record.length = end - pos
-    return record
-
-
-def frame_length(data, pos=0):
-    """Length of the checksum-valid record framed at data[pos:], or None."""
+def _frame(data, pos):
+    """(type, flags, end) of the checksum-valid record framed at data[pos:], or None."""
     if pos + RECORD_HEADER_SIZE > len(data):
         return None
     magic, type, flags, length, crc = RECORD_HEADER.unpack_from(data, pos)
@@ -308,7 +286,28 @@ def frame_length(data, pos=0):
         return None
     if crc32c(data[pos + RECORD_HEADER_SIZE:end], crc32c(data[pos:pos + 3] + data[pos + 4:pos + 8])) != crc:
         return None
-    return end - pos
+    return type, flags, end
+
+
+def decode_one(data, pos=0):
+    """The Record framed at data[pos:], or None if it is incomplete or fails its checksum."""
+    framed = _frame(data, pos)
+    if framed is None:
+        return None
+    type, flags, end = framed
+    try:
+        record = _decode_payload(type, data[pos + RECORD_HEADER_SIZE:end])
+    except (RecordError, struct.error):
+        return None
+    record.flags = flags
+    record.length = end - pos
+    return record
+
+
+def frame_length(data, pos=0):
+    """Length of the checksum-valid record framed at data[pos:], or None."""
+    framed = _frame(data, pos)
+    return None if framed is None else framed[2] - pos
 
 
 _LIGHT = struct.Struct("<2sBBII" "IQ" "IQ" "BQQ")
