@@ -216,8 +216,15 @@ class QueueBackend(ABC):
         return self.deliveries.drop_bounce_notes(n)
 
     def complete(self, n):
-        """Finish message n: S5 -> S2 -> S1."""
+        """Finish message n: S5 -> S2 -> S1 (a backend may leave S2 -> S1 to
+        flush_completions())."""
         return self.deliveries.complete(n)
+
+    def flush_completions(self):
+        """qmail-send calls this once per loop turn, after the turn's completions, and at
+        orderly exit: a backend that batches the last step of complete() (the directory
+        backend: one directory sync, then the bodies' removal) does it here, and its
+        next_wakeup() is now while any waits. Nothing by default."""
 
     def save_schedule(self, entries):
         """Orderly exit: persist each (n, channel, when) the caller still holds, and the

@@ -274,8 +274,20 @@ class QmailSend:
         for p in self.gate.wake(self.now):
             self.by_name[p.channel].schedule(self.now, p.n)
         self.pass_do()
+        self._flush_completions()
         self.cleanup_do()
         self.metrics_do()
+
+    def _flush_completions(self):
+        """The turn's ended messages: their removed names synced once, then their bodies."""
+        if self.cleaner_lost:
+            return
+        try:
+            self.backend.flush_completions()
+        except QueueError as e:
+            self.warn(str(e))
+        except CleanerLost:
+            self.cleandied()
 
     def _drain_wake(self):
         try:
@@ -288,6 +300,7 @@ class QmailSend:
         return all(ch.used == 0 for ch in self.channels if ch.alive)
 
     def finish(self):
+        self._flush_completions()
         if not self.cleaner_lost:
             try:
                 self.cleaner.drain()

@@ -84,3 +84,4 @@ class DirCommands:
             self.holds.drop(n)
             self.deliveries.complete(n)
             state.deleting.pop(0)
+        self.deliveries.flush_completions()     # a delete's body goes now, not at a loop turn

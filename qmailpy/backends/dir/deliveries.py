@@ -4,18 +4,19 @@ writes of a preprocessed message (docs/queue-format.md "File formats").
 Interface: DirDeliveries(state, holds) with a DirState (state.py) and a DirHolds
 (holds.py). Reads info/S/n, the channel files and bounce/n; writes a channel
 file's D marks (pwrite at the record's offset), its mtime (the next attempt),
-bounce/n (appended, fsync'd); unlinks channel files, bounce/n and info/S/n, syncs
-their directories (state.sync_unsynced) and only then asks qmail-clean
-(state.cleaner) to remove the rest (foop/n). Keeps state.schedule in
-step with the channel files. Owns nothing.
+bounce/n (appended, fsync'd); unlinks channel files, bounce/n and info/S/n; once per
+loop turn (flush_completions) syncs their directories (state.sync_unsynced) and only
+then asks qmail-clean (state.cleaner) to remove the rest (foop/n) of every message
+ended since (state.completing). Keeps state.schedule in step with the channel files.
+Owns nothing.
 """
 import errno
 import itertools
 import os
 
 from qmailpy import envelope
-from qmailpy.backends.base import QueueError, Scheduled
-from qmailpy.backends.dir.state import rel
+from qmailpy.backends.base import SLEEP_SYSFAIL, QueueError, Scheduled
+from qmailpy.backends.dir.state import now, rel
 from qmailpy.fileio import write_all
 from qmailpy.layout import CHANNELS
 
@@ -162,12 +163,8 @@ class DirDeliveries:
             self.state.removed(rel("bounce", n))
 
     def complete(self, n):
-        """Unlink the hold marker and info/S/n, sync the directories of every name
-        removed so far (this message's todo/n, channel files, bounce/n and info/S/n, and
-        any other's since the last sync: one fsync per directory for all of them), then
-        ask qmail-clean for foop/n. The body goes last and only then may a new message
-        take number n (its inode): a power cut must not bring back the old message's
-        names under the new body (docs/queue-format.md "Completion")."""
+        """Unlink the hold marker and info/S/n (S5 -> S2) and note n as waiting for its
+        body's removal, which flush_completions() asks qmail-clean for once per loop turn."""
         self.holds.drop(n)
         info_rel = rel("info", n)
         try:
@@ -177,14 +174,42 @@ class DirDeliveries:
             pass
         except OSError:
             raise QueueError("unable to unlink %s; will try again later" % info_rel)
-        self.state.sync_unsynced()
-        foop = rel("foop", n)
-        cleaner = self.state.cleaner
-        if cleaner is not None and hasattr(cleaner, "send_async"):
-            # the reply only ever produces a warning: read it later, do not wait
-            cleaner.send_async(foop)
-        elif self.state.clean(foop) != b"+":
-            self.state.warn("qmail-clean unable to clean up %s" % foop)
+        if n not in self.state.completing:      # the 36-hour walk may name it again
+            self.state.completing.append(n)
+
+    def completions_wakeup(self):
+        """Now while a message waits for flush_completions() (after a failed sync, its
+        retry time); None when none waits."""
+        if not self.state.completing:
+            return None
+        return self.state.completing_after
+
+    def flush_completions(self):
+        """Sync the directories of every name removed so far (the waiting messages'
+        todo/n, channel files, bounce/n and info/S/n, and any other's since the last
+        sync: one fsync per directory for all of them), then ask qmail-clean for foop/n
+        of each waiting message, in the order they ended. The body goes last and only
+        then may a new message take number n (its inode): a power cut must not bring
+        back the old message's names under the new body (docs/queue-format.md "Delivery
+        and completion"). One sync per loop turn, not per message: a crash before it
+        leaves S2 leftovers (info/ gone, mess/ kept, the number not reusable), which the
+        36-hour cleanup removes. A failed sync keeps them waiting SLEEP_SYSFAIL seconds."""
+        state = self.state
+        if not state.completing or state.completing_after > now():
+            return
+        try:
+            state.sync_unsynced()
+        except QueueError:
+            state.completing_after = now() + SLEEP_SYSFAIL
+            raise
+        cleaner = state.cleaner
+        while state.completing:
+            foop = rel("foop", state.completing.pop(0))
+            if cleaner is not None and hasattr(cleaner, "send_async"):
+                # the reply only ever produces a warning: read it later, do not wait
+                cleaner.send_async(foop)
+            elif state.clean(foop) != b"+":
+                state.warn("qmail-clean unable to clean up %s" % foop)
 
     def late_clean_reply(self, name, reply):
         """The reply to a send_async request, read later: only ever a warning."""

@@ -72,7 +72,12 @@ class DirQueue(QueueBackend):
         return self.holds.park(self.state.schedule.due(now, self.scanner.scan_one))
 
     def next_wakeup(self):
-        return self.state.schedule.next_wakeup(_now())
+        wakeups = [self.state.schedule.next_wakeup(_now()), self.deliveries.completions_wakeup()]
+        wakeups = [w for w in wakeups if w is not None]
+        return min(wakeups) if wakeups else None
+
+    def flush_completions(self):
+        return self.deliveries.flush_completions()
 
     def run_all_now(self):
         self.state.schedule.run_all_now(_now())

@@ -5,10 +5,13 @@ reply byte, and optionally request_many and send_async; see
 qmailpy.send.clean.CleanClient), the warning sink (`log`: bytes -> None), the
 schedule (schedule.py), the hold markers in memory (`held`: n -> birth; `parked`: n ->
 [Scheduled] of held messages, holds.py) and a batch of deletes waiting for commit()
-(`deleting`: messages whose removal commit() finishes; commands.py) and the names
+(`deleting`: messages whose removal commit() finishes; commands.py), the names
 removed whose directories are not yet synced (`unsynced`: channel files, todo/n,
 info/S/n, bounce/n; sync_unsynced() before qmail-clean may remove a body, so that a
-new message given the same number never meets them again after a power cut).
+new message given the same number never meets them again after a power cut) and the
+ended messages whose body waits for that sync (`completing`: numbers in the order
+they ended, their foop/n sent once per loop turn; `completing_after`: no new try
+before this epoch second after a failed sync; deliveries.py).
 
 Provides the file operations every part uses, each turning an OSError into the
 QueueError whose text is qmail-send's warning (without "warning: "), naming the
@@ -43,6 +46,7 @@ class DirState:
         self.schedule = DirSchedule()
         self.held, self.parked = {}, {}
         self.unsynced, self.deleting = set(), []
+        self.completing, self.completing_after = [], 0
 
     def path(self, rel):
         return self.queue + "/" + rel
