@@ -158,11 +158,15 @@ def bodiless_todo_kept_while_info_is_there():
     message has no info/S/n; with info/ there it takes the preprocessing for interrupted
     and tries again later, for good. A power cut that keeps qmail-clean's unsynced removal
     of the body and loses the earlier removals of todo/n and info/S/n leaves that; losing
-    either of those alone, or all of them, does not."""
+    either of those alone, or all of them, does not. The completion's directory syncs
+    (DirState.sync_unsynced) are taken away too, as they were before 6247bba: since then
+    the body's removal is never kept without those removals, whatever the code does with
+    a bodiless todo/n."""
     from qmailpy.backends.base import QueueError
-    from qmailpy.backends.dir import preprocess
+    from qmailpy.backends.dir import preprocess, state
     from qmailpy.backends.dir.state import rel
     drop = preprocess.DirPreprocessor._drop_ended_todo
+    state.DirState.sync_unsynced = lambda self: self.unsynced.clear()
 
     def unless_info(self, n, mess_rel):
         if self.state.exists(rel("info", n)):

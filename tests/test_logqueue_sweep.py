@@ -35,32 +35,36 @@ def test_a_paused_sweep_does_not_offer_a_message_finished_meanwhile(tmp_path):
     lq = started(home)
     for n in many:                            # deferred until much later
         lq.recipients(n, "remote")
-        lq.reschedule(n, "remote", t + 1000)
+        lq.reschedule(n, "remote", t + 10000)
     lq.recipients(b, "remote")
-    lq.reschedule(b, "remote", t + 100)       # B, due sooner, written after them
+    lq.reschedule(b, "remote", t + 1000)       # B, due sooner, written after them
     assert lq.state.active == {}
-    lq.due(t)                                 # the runner passes them all, none due yet
+    # records are stamped with the real time they are written: on a loaded machine that
+    # may be well after t, and a runner reads a record only once its time has come
+    now = int(time.time()) + 1
+    assert now < t + 1000
+    lq.due(now)                               # the runner passes them all, none due yet
 
     lq.run_all_now()                          # SIGALRM: the sweep offers the first
     offered = []                              # FLUSH_IN_FLIGHT messages, then waits
     for _ in range(10):
-        offered += [e.n for e in lq.due(t)]
+        offered += [e.n for e in lq.due(now)]
     assert sorted(offered) == sorted(many)
     assert lq.state.flusher is not None             # paused just before B
 
     # meanwhile the runner offers B at its time and B is delivered and finished
-    assert [e.n for e in lq.due(t + 100)] == [b]
+    assert [e.n for e in lq.due(t + 1000)] == [b]
     lq.mark_done(b, "remote", lq.recipients(b, "remote")[0])
     assert lq.finish_channel(b, "remote") == []
     lq.complete(b)
-    lq.checkpoint(force=True, now=t + 100)    # flags written, B's body removed
+    lq.checkpoint(force=True, now=t + 1000)    # flags written, B's body removed
     assert not os.path.exists(os.path.join(queue, "mess", str(b % 23), str(b)))
 
     for n in many:                            # the sweep's messages are handed back
-        lq.reschedule(n, "remote", t + 1000)
+        lq.reschedule(n, "remote", t + 10000)
     again = []
     for _ in range(10):
-        again += [e.n for e in lq.due(t + 100)]
+        again += [e.n for e in lq.due(t + 1000)]
         if lq.state.flusher is None:
             break
     assert lq.state.flusher is None                 # the sweep ended

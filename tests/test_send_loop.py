@@ -243,9 +243,11 @@ def test_mangled_report_and_garbage_in_queue_files(qmail_home, daemons):
         again.wait_line(r"^starting delivery \d+: msg \d+ to local carol@test.example$")
         again.wait_line(r"^end msg ")
         # carol's trigger rescanned todo/: the garbage entry is announced a third time
+        # (or more: on a slow machine the entry's own retry may come round first)
         lines = again.lines()[start:]
-        assert lines.count("warning: unknown record type in todo/%s" % todo[0]) == 3
-        assert lines.count("new msg %s" % todo[0]) == 3
+        announced = lines.count("new msg %s" % todo[0])
+        assert announced >= 3
+        assert lines.count("warning: unknown record type in todo/%s" % todo[0]) == announced
         third = [i for i, l in enumerate(lines) if l == "new msg %s" % todo[0]][2]
         assert "warning: unknown record type in todo/%s" % todo[0] in lines[third:]
         assert again.daemons().keys() >= {"qmail-send", "qmail-clean"}
