@@ -191,7 +191,7 @@ class DirDeliveries:
         of each waiting message, in the order they ended. The body goes last and only
         then may a new message take number n (its inode): a power cut must not bring
         back the old message's names under the new body (docs/queue-format.md "Delivery
-        and completion"). One sync per loop turn, not per message: a crash before it
+        and completion (S5→S1)"). One sync per loop turn, not per message: a crash before it
         leaves S2 leftovers (info/ gone, mess/ kept, the number not reusable), which the
         36-hour cleanup removes. A failed sync keeps them waiting SLEEP_SYSFAIL seconds."""
         state = self.state
