@@ -108,6 +108,28 @@ def throttling(domain, control, limit):
     return b"throttling %s: control/%s limit %s reached\n" % (safe(_b(domain)), _b(control), _b(limit))
 
 
+def qmqp_from(address, qp):
+    """qmail-qmqpd's line (its own log, not qmail-send's) for a message a TCP client handed
+    it: the client's address and the qp its answer named, which qmail-send's `info msg`
+    of the message carries. The audit links a null client's hand-off by it (spark/fleet.py)."""
+    return b"qmail-qmqpd: qmqp from %s qp %d\n" % (_b(address), qp)
+
+
+_QMQP_FROM = re.compile(r"qmail-qmqpd: qmqp from (?P<address>\S+) qp (?P<qp>\d+)$")
+
+
+def parse_qmqp_from(line):
+    """(time or None, client address, qp) of a qmqp_from() line with any prefix parse() reads,
+    or None for any other line."""
+    if isinstance(line, bytes):
+        line = line.decode("utf-8", "surrogateescape")
+    for when, _host, text in _prefix_readings(line.rstrip("\n")):
+        m = _QMQP_FROM.match(text)
+        if m:
+            return when, m.group("address"), int(m.group("qp"))
+    return None
+
+
 def _b(text):
     return text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
 

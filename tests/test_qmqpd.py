@@ -211,6 +211,23 @@ def test_tcp_clients_follow_qmqpclients_and_queue_as_qmaild(qmail_home):
     assert msg.uid == privs.account(qmail_home.path, "qmaild").uid
 
 
+def test_a_tcp_clients_message_is_logged_with_its_address_and_qp(qmail_home):
+    """qmail-qmqpd(8) LOG: a null client keeps no log, so the hub's qmail-qmqpd names the
+    client and the qp of each message it queued for one (qmail-audit --fleet links by it);
+    the local socket's requests, whose uid qmail-send logs, are not logged."""
+    from qmailpy import logline
+    qmail_home.control("qmqpclients", "127.0.0.1:allow\n")
+    with QmqpServer(qmail_home, "--tcp", "127.0.0.1:0") as server:
+        answer = ask(server.tcp, GOOD)
+        assert ask(server.socket, GOOD).startswith(b"Kok ")
+        assert server.stop() == 0
+    assert answer.startswith(b"Kok ")
+    qp = int(answer.split()[-1])
+    assert [line for line in server.stderr.splitlines() if b"qmqp from" in line] == \
+        [logline.qmqp_from("127.0.0.1", qp).rstrip(b"\n")]
+    assert len(queued(qmail_home)) == 2
+
+
 def test_a_socket_from_systemd_is_used_instead_of_binding(qmail_home, tmp_path):
     if AS_ROOT:
         os.chmod(tmp_path, 0o755)

@@ -12,7 +12,8 @@ start   runs `qmail-start DEFAULTDELIVERY` in the background. qmail-send's log
         HOME/log/qmail-submission.log, pid HOME/log/qmail-submission.pid).
         First of all it starts the queue server qmail-qmqpd (log
         HOME/log/qmail-qmqpd.log, pid HOME/log/qmail-qmqpd.pid), through which
-        every submitter without queue rights queues.
+        every submitter without queue rights queues; with --qmqp HOST:PORT it
+        also answers QMQP there (qmail-qmqpd --tcp: a hub for null clients).
         Start may be run again at any time (after a crash, from cron): it starts
         only what is missing and says what already runs, finding a daemon of the
         home by its pid file or, when that is gone, by its command line and
@@ -54,6 +55,9 @@ def add_arguments(parser, name):
         parser.add_argument("--submission", metavar="HOST:PORT",
                             help="also accept mail submission on HOST:PORT (qmail-smtpd-listen"
                                  " with SMTPAUTH=!: STARTTLS and AUTH before MAIL)")
+        parser.add_argument("--qmqp", metavar="HOST:PORT",
+                            help="qmail-qmqpd also answers QMQP on HOST:PORT (a hub for"
+                                 " null clients, control/qmqpclients)")
         parser.add_argument("--defaultdelivery", default="./Maildir/",
                             help="qmail-start's default delivery (default ./Maildir/)")
     elif name == "stop":
@@ -474,7 +478,8 @@ def start(args):
 
 def _start_missing(home, logdir, args):
     env = _env(home)
-    wanted = [(QMQPD, env, ["qmail-qmqpd"]),          # first: qmail-send's bounces go through it
+    qmqpd = ["qmail-qmqpd"] + (["--tcp", args.qmqp] if getattr(args, "qmqp", None) else [])
+    wanted = [(QMQPD, env, qmqpd),          # first: qmail-send's bounces go through it
               (SEND, env, ["qmail-start", args.defaultdelivery])]
     if args.smtp:
         wanted.append((SMTPD, env, ["qmail-smtpd-listen", args.smtp]))

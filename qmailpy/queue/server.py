@@ -272,6 +272,8 @@ def handle(home, conn, uid, timeout, syncs=None, local=False, size_limit=None, p
         answer = request.failure
     elif code == 0:
         answer = b"Kok %d qp %d" % (int(time.time()), os.getpid())
+        if not local:
+            log_tcp_client(conn, os.getpid())
     else:
         answer = explain(code)
     try:
@@ -280,6 +282,21 @@ def handle(home, conn, uid, timeout, syncs=None, local=False, size_limit=None, p
     except OSError:
         return 1
     return 0 if code == 0 else 1
+
+
+def log_tcp_client(conn, qp):
+    """qmail-qmqpd's log line naming the TCP client whose message was queued with this qp,
+    written before the answer: whenever a client can have read K, the line is there. A null
+    client keeps no log; this is what links its message to it (qmail-qmqpd(8) "LOG")."""
+    from qmailpy.logline import qmqp_from
+    try:
+        address = conn.getpeername()[0]
+    except OSError:
+        address = "unknown"
+    try:
+        os.write(2, qmqp_from(address, qp))     # one write, under PIPE_BUF: never interleaved
+    except OSError:
+        pass
 
 
 R_TOO_MANY = b"Ztoo many connections from your uid or address (#4.3.2)"
