@@ -18,6 +18,7 @@ from qmailpy.states import DEFAULT_QUEUELIFETIME
 from qmailpy_audit import inputs as inputs_mod
 from qmailpy_audit import fleet as fleet_mod
 from qmailpy_audit import fleetqueue, where as where_mod
+from qmailpy_audit import incremental
 from qmailpy_audit import logparse, logsql, messages, segments, snapshots, summaries, report
 
 EXAMPLES_PER_KIND = 20
@@ -36,6 +37,8 @@ class Options:
         self.lifetime_slack = lifetime_slack
         self.write_parquet = write_parquet
         self.home_snapshot_dir = home_snapshot_dir
+        self.incremental = False          # read only what is new since the state in out_dir
+        self.full = False                 # with incremental: start over, replacing the state
 
 
 class AuditResult:
@@ -134,7 +137,9 @@ def _text(sc, f):
     return sc.textFile(f.path).zipWithIndex().map(lambda li: (li[1], li[0]))
 
 
-def _read_logs(sc, files):
+def _read_logs(sc, files, rows=None):
+    if rows is not None:        # (host, rank, index, line) already read (incremental)
+        return rows.mapPartitions(_parse_partition)
     rdds = []
     for rank, f in enumerate(files):
         if f.gzip:      # one partition: line index = position in the file
@@ -146,10 +151,10 @@ def _read_logs(sc, files):
     return sc.union(rdds).mapPartitions(_parse_partition)
 
 
-def _logs_python(sc, log_files, persisted):
+def _logs_python(sc, log_files, persisted, rows=None):
     """(line counts, host spans, event RDD or None, examples(limit)) with every line
-    parsed in Python (--parser=python)."""
-    parsed = _read_logs(sc, log_files)
+    parsed in Python (--parser=python); rows: the lines to parse, when already read."""
+    parsed = _read_logs(sc, log_files, rows)
     line_counts, spans = {}, {}
     if parsed is None:
         return line_counts, spans, None, lambda limit: []
@@ -180,11 +185,14 @@ def _logs_python(sc, log_files, persisted):
         examples
 
 
-def _logs_sql(spark, log_files, persisted):
+def _logs_sql(spark, log_files, persisted, rows=None):
     """_logs_python's results, and the parsed lines' frame, with the lines parsed and
     counted in the JVM by Spark SQL (--parser=sql): Python sees only the events of messages
     (the frame pairs delivery results with their starts)."""
-    parsed = logsql.read(spark, log_files, lambda f: _text(spark.sparkContext, f))
+    if rows is not None:        # (host, rank, index, line) already read (incremental)
+        parsed = logsql.lines(spark.createDataFrame(rows, logsql._TEXT_SCHEMA))
+    else:
+        parsed = logsql.read(spark, log_files, lambda f: _text(spark.sparkContext, f))
     if parsed is None:
         return {}, {}, None, lambda limit: [], None
     parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
@@ -297,8 +305,11 @@ def audit(spark, specs, out_dir, opts=None):
     if opts.home_snapshot_dir is None:
         opts.home_snapshot_dir = os.path.join(out_dir, "snapshots")
     sc = spark.sparkContext
+    inc = incremental.Run(out_dir, opts.full) if opts.incremental else None
     files, bad = inputs_mod.resolve(sc, specs, opts.host_map)
     files = [g for f in files for g in (_home_inputs(f, opts) if f.kind == "home" else [f])]
+    path_bad = len(bad)         # what follows is bad content: an incremental run keeps it
+    new_snapshots = 0
 
     # snapshots -------------------------------------------------------------
     snap_records = []           # (rdd of message records, taken, lifetime)
@@ -306,6 +317,10 @@ def audit(spark, specs, out_dir, opts=None):
     queue_snapshots = []        # (host, taken, records) for the fleet queue
     persisted = []
     for f in files:
+        if f.kind in ("snapshot", "notqmail") and inc is not None:
+            if not inc.new_snapshot(sc, f):
+                continue            # read by an earlier run
+            new_snapshots += 1
         if f.kind == "snapshot":
             records, header, parsed = _read_json_snapshot(sc, f, bad)
             persisted.append(parsed)
@@ -321,13 +336,32 @@ def audit(spark, specs, out_dir, opts=None):
         snap_records.append((records, taken, lifetime))
         snapshot_hosts.setdefault(header["host"], []).append(taken)
         queue_snapshots.append((header["host"], taken, records))
+        if inc is not None:
+            inc.note_snapshot(header["host"], taken, f)
+    if inc is not None:
+        queue_snapshots += _older_latest(sc, inc, queue_snapshots, persisted)
 
     # logs ------------------------------------------------------------------
     log_files = sorted((f for f in files if f.kind == "log"), key=lambda f: (f.host, f.order))
+    rows = None
+    if inc is not None:
+        rows = inc.log_rows(sc, log_files)
+        if rows is None:
+            if not (new_snapshots or bad or opts.where or any(f.kind == "segment" for f in files)):
+                previous = inc.previous()
+                if previous is not None:        # nothing new: nothing changes
+                    return AuditResult(previous, previous["findings"]["by_kind"],
+                                       previous["findings"]["violations"],
+                                       previous["bad_input"], out_dir)
+            rows = sc.emptyRDD()
+        rows.persist(StorageLevel.MEMORY_AND_DISK)
+        persisted.append(rows)
+        inc.count_lines(rows)
     if opts.parser == "sql":
-        line_counts, spans, events, examples, frame = _logs_sql(spark, log_files, persisted)
+        line_counts, spans, events, examples, frame = _logs_sql(spark, log_files, persisted,
+                                                                rows)
     else:
-        line_counts, spans, events, examples = _logs_python(sc, log_files, persisted)
+        line_counts, spans, events, examples = _logs_python(sc, log_files, persisted, rows)
         frame = None
     log_names = [f.path for f in log_files]
     bad_counts = {k[4:]: v for k, v in line_counts.items() if k.startswith("bad:")}
@@ -336,10 +370,15 @@ def audit(spark, specs, out_dir, opts=None):
         for kind, count in sorted(bad_counts.items()):
             shown = [e for e in examples if e[0] == kind][:EXAMPLES_PER_KIND]
             for e in shown:
-                bad.append(inputs_mod.BadInput(kind, log_names[e[2]],
+                bad.append(inputs_mod.BadInput(kind, inc.path_of(e[1], e[2]) if inc else
+                                               log_names[e[2]],
                                                "%s: %s" % (logparse.position(e[3]), e[4])))
             if count > len(shown):
                 bad.append(inputs_mod.BadInput(kind, None, "%d more" % (count - len(shown))))
+    if inc is not None:
+        bad += [inputs_mod.BadInput(*b) for b in inc.keep_bad(bad[path_bad:])]
+        line_counts, spans = inc.merge_counts(line_counts, spans)
+        snapshot_hosts = inc.snapshot_times()
 
     # segments ----------------------------------------------------------------
     seg_rows = None
@@ -361,6 +400,11 @@ def audit(spark, specs, out_dir, opts=None):
         restarts = logsql.restarts(frame)
     else:
         restarts = _restarts(events) if events is not None else {}
+    if inc is not None:
+        starts = (events if frame is None else logsql.events(frame)) \
+            .filter(lambda e: e[3] == "start").map(lambda e: (e[0], (e[1], e[5])))
+        restarts = inc.restarts(restarts, dict(starts.reduceByKey(min).collect()),
+                                dict(starts.reduceByKey(max).collect()))
     contexts = {}
     for host in set(spans) | set(snapshot_hosts):
         span = spans.get(host)
@@ -373,9 +417,12 @@ def audit(spark, specs, out_dir, opts=None):
     ctx_b = sc.broadcast(contexts)
 
     row_rdds = []
+    open_rdds = []              # incremental: rows recomputed each run, not accumulated
     if events is not None:
         parts = max(2, events.getNumPartitions())
-        if frame is not None:
+        if inc is not None:
+            paired, pending = inc.pairs(sc, _starts_and_results(events, frame), parts)
+        elif frame is not None:
             paired = logsql.paired_deliveries(frame)
         else:
             deliveries = events.filter(lambda e: e[3] in ("start", "result")) \
@@ -389,10 +436,22 @@ def audit(spark, specs, out_dir, opts=None):
         for records, taken, _lifetime in snap_records:
             keyed = keyed.union(records.filter(lambda r, hs=log_hosts: r["host"] in hs)
                                 .map(lambda r, t=taken: snapshots.observation(r, t)))
-        grouped = keyed.groupByKey(parts).flatMap(
-            lambda kv: messages.process_group(kv[0][0], kv[0][1], list(kv[1]),
-                                              ctx_b.value[kv[0][0]]))
-        row_rdds.append(grouped)
+        if inc is None:
+            grouped = keyed.groupByKey(parts).flatMap(
+                lambda kv: messages.process_group(kv[0][0], kv[0][1], list(kv[1]),
+                                                  ctx_b.value[kv[0][0]]))
+            row_rdds.append(grouped)
+        else:
+            carried = inc.carried_items(spark)
+            if carried is not None:
+                keyed = keyed.union(carried)
+            groups = keyed.groupByKey(parts).map(lambda kv: incremental.group_rows(
+                kv, ctx_b.value[kv[0][0]], messages.process_group))
+            groups.persist(StorageLevel.MEMORY_AND_DISK)
+            persisted.append(groups)
+            row_rdds.append(groups.filter(lambda g: not g[0]).flatMap(lambda g: g[1]))
+            open_rdds.append(groups.filter(lambda g: g[0]).flatMap(lambda g: g[1]))
+            carried = groups.flatMap(lambda g: g[2])
         row_rdds.append(events.filter(lambda e: e[3] == "restored").map(messages.restored_finding))
         row_rdds.append(events.filter(lambda e: e[3] == "setaside").map(messages.set_aside_finding))
     for records, taken, lifetime in snap_records:
@@ -404,19 +463,21 @@ def audit(spark, specs, out_dir, opts=None):
         persisted.append(seg_rows)
         for _tag, (kind, path, detail) in seg_rows.filter(lambda t: t[0] == "bad").collect():
             bad.append(inputs_mod.BadInput(kind, path, detail))
-        row_rdds.append(seg_rows.filter(lambda t: t[0] == "f"))
-        row_rdds.append(seg_rows.filter(lambda t: t[0] == "seg").map(lambda t: t[1])
-                        .groupByKey().flatMap(lambda kv: segments.process_segment_group(
-                            kv[0][0], kv[0][1], list(kv[1]))))
-    rows = sc.union(row_rdds) if row_rdds else sc.parallelize([])
-    # one Python -> JVM conversion for all tables: a row holds its table's struct
-    tags = list(SCHEMAS)
-    combined = T.StructType([T.StructField("tag", T.StringType(), False)]
-                            + [T.StructField(tag, SCHEMAS[tag], True) for tag in tags])
-    spread = rows.map(lambda t: (t[0],) + tuple(t[1] if t[0] == g else None for g in tags))
-    table = spark.createDataFrame(spread, combined).persist(StorageLevel.MEMORY_AND_DISK)
-    frames = {tag: table.filter(table["tag"] == tag).select(tag + ".*") for tag in tags}
+        seg_out = row_rdds if inc is None else open_rdds    # segments are read whole each run
+        seg_out.append(seg_rows.filter(lambda t: t[0] == "f"))
+        seg_out.append(seg_rows.filter(lambda t: t[0] == "seg").map(lambda t: t[1])
+                       .groupByKey().flatMap(lambda kv: segments.process_segment_group(
+                           kv[0][0], kv[0][1], list(kv[1]))))
+    table, frames = _tables(spark, sc.union(row_rdds) if row_rdds else sc.parallelize([]))
     os.makedirs(out_dir, exist_ok=True)
+    if inc is not None:
+        open_table, open_frames = _tables(spark, sc.union(open_rdds) if open_rdds
+                                          else sc.parallelize([]))
+        inc.write_run(spark, frames, open_frames, carried, pending.collect(), SCHEMAS)
+        open_table.unpersist()
+        table.unpersist()
+        frames = inc.view(spark, SCHEMAS)
+        table = frames["occ"]   # unpersisted below: the view is not persisted
     fleet = None
     if opts.fleet_map is not None:
         fleet = _fleet(spark, frames, opts, set(spans), set(snapshot_hosts))
@@ -432,6 +493,8 @@ def audit(spark, specs, out_dir, opts=None):
     summary, summary_tables = summaries.compute(frames, line_counts)
     results = line_counts.get("delivery", 0) + line_counts.get("report mangled", 0)
     summary["log"]["unmatched_results"] = results - summary["deliveries"]["matched_results"]
+    if inc is not None:
+        summary["incremental"] = inc.summary()
     summary["inputs"] = {
         "files": [{"path": f.path, "kind": f.kind, "host": f.host} for f in files],
         "hosts": sorted(set(spans) | set(snapshot_hosts)),
@@ -468,6 +531,46 @@ def audit(spark, specs, out_dir, opts=None):
     result = AuditResult(summary, findings_by_kind, violations, bad_list, out_dir)
     result.where = where
     return result
+
+
+def _tables(spark, rows):
+    """(persisted DataFrame, {tag: DataFrame}) of tagged rows: one Python -> JVM conversion
+    for all tables, a row holding its table's struct."""
+    tags = list(SCHEMAS)
+    combined = T.StructType([T.StructField("tag", T.StringType(), False)]
+                            + [T.StructField(tag, SCHEMAS[tag], True) for tag in tags])
+    spread = rows.map(lambda t: (t[0],) + tuple(t[1] if t[0] == g else None for g in tags))
+    table = spark.createDataFrame(spread, combined).persist(StorageLevel.MEMORY_AND_DISK)
+    return table, {tag: table.filter(table["tag"] == tag).select(tag + ".*") for tag in tags}
+
+
+def _starts_and_results(events, frame):
+    """The `starting delivery` and result events (the SQL parser's events leave results
+    to its own pairing)."""
+    if frame is not None:
+        from pyspark.sql import functions as F
+        events = frame.filter(F.col("ekind").isin("start", "result")).rdd \
+            .map(logsql.event_tuple)
+    return events.filter(lambda e: e[3] in ("start", "result"))
+
+
+def _older_latest(sc, inc, queue_snapshots, persisted):
+    """(host, taken, records) of each host's newest snapshot read by an earlier run, for
+    the hosts without a snapshot in this one: the fleet queue shows it."""
+    out = []
+    for host, taken, path, kind, gz in inc.older_latest_snapshots({q[0] for q in queue_snapshots}):
+        f = inputs_mod.InputFile(path, kind, host, 0, gz)
+        try:
+            if kind == "snapshot":
+                records, _header, parsed = _read_json_snapshot(sc, f, [])
+                persisted.append(parsed)
+            else:
+                records, _header = _read_notqmail(sc, f, [])
+        except Exception:           # gone since: the fleet queue goes without it
+            continue
+        if records is not None:
+            out.append((host, taken, records))
+    return out
 
 
 JOURNEY_SCHEMA = T.StructType([

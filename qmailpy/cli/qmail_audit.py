@@ -42,6 +42,11 @@ def _parser():
                    help="parse log lines in Python (default) or in the JVM with Spark SQL; "
                         "both give the same results")
     p.add_argument("--no-parquet", action="store_true", help="skip the Parquet outputs")
+    p.add_argument("--incremental", action="store_true",
+                   help="read only what is new since the run whose state is in DIR, and "
+                        "report on everything audited so far")
+    p.add_argument("--full", action="store_true",
+                   help="with --incremental: read everything again, replacing the state")
     p.add_argument("--driver-memory", default="4g", metavar="SIZE",
                    help="heap of the Spark driver, which does all the work in local mode "
                         "(default 4g)")
@@ -91,6 +96,14 @@ def main(argv=None, use_existing_master=False):
         print("qmail-audit: pyspark is not installed (pip install 'qmailpy[spark]')",
               file=sys.stderr)
         return 2
+    if args.full and not args.incremental:
+        print("qmail-audit: --full goes with --incremental", file=sys.stderr)
+        return 2
+    if args.incremental and args.no_parquet:
+        print("qmail-audit: --incremental keeps its state in Parquet: not with --no-parquet",
+              file=sys.stderr)
+        return 2
+    from qmailpy_audit.incremental import StateError
     master = args.master or (None if use_existing_master else "local[*]")
     spark = None
     try:
@@ -101,7 +114,12 @@ def main(argv=None, use_existing_master=False):
                            write_parquet=not args.no_parquet, fleet_map=fleet_map,
                            skew=args.skew, parser=args.parser)
         opts.where = where
+        opts.incremental, opts.full = args.incremental, args.full
         result = job.audit(spark, args.inputs, args.out, opts)
+    except StateError as e:
+        print("qmail-audit: bad state: %s; nothing was read (qmail-audit(8) INCREMENTAL "
+              "RUNS: rerun with --full to audit everything again)" % e, file=sys.stderr)
+        return 2
     except Exception as e:          # Py4J/Spark errors arrive as many exception types
         text = str(e).strip().splitlines()
         print("qmail-audit: Spark failed: %s" % (text[0] if text else e.__class__.__name__),
