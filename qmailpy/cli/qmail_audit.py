@@ -103,7 +103,12 @@ def main(argv=None, use_existing_master=False):
         print("qmail-audit: --incremental keeps its state in Parquet: not with --no-parquet",
               file=sys.stderr)
         return 2
-    from qmailpy_audit.incremental import StateError
+    from qmailpy_audit.incremental import StateError, load
+    if args.incremental:
+        try:
+            load(args.out, args.full)       # a bad state is told before Spark starts
+        except StateError as e:
+            return _bad_state(e)
     master = args.master or (None if use_existing_master else "local[*]")
     spark = None
     try:
@@ -117,9 +122,7 @@ def main(argv=None, use_existing_master=False):
         opts.incremental, opts.full = args.incremental, args.full
         result = job.audit(spark, args.inputs, args.out, opts)
     except StateError as e:
-        print("qmail-audit: bad state: %s; nothing was read (qmail-audit(8) INCREMENTAL "
-              "RUNS: rerun with --full to audit everything again)" % e, file=sys.stderr)
-        return 2
+        return _bad_state(e)
     except Exception as e:          # Py4J/Spark errors arrive as many exception types
         text = str(e).strip().splitlines()
         print("qmail-audit: Spark failed: %s" % (text[0] if text else e.__class__.__name__),
@@ -138,6 +141,12 @@ def main(argv=None, use_existing_master=False):
         return 2
     from qmailpy_audit.where import found
     return 0 if found(result.where) else 1
+
+
+def _bad_state(e):
+    print("qmail-audit: bad state: %s; nothing was read or counted (qmail-audit(8), "
+          "INCREMENTAL RUNS: rerun with --full to audit everything again)" % e, file=sys.stderr)
+    return 2
 
 
 def tell(result, out, stdout=None, stderr=None):
