@@ -23,7 +23,30 @@ Ambiguity: all (hand-off, candidate) pairs of one (peer, qp) are taken nearest i
 first, each hand-off and each peer message used at most once; a hand-off that had more
 than one candidate is counted as ambiguous (summaries.json fleet.ambiguous). Never merged:
 a peer message left over that matches a hand-off's earlier, deferred attempt of the same
-recipient is a duplicate (the at-least-once window), not a second hop.
+recipient is a duplicate (the at-least-once window), not a second hop: it must be born
+after that attempt's start (on the peer's clock by the pair's observed skew, less
+COPY_MARGIN) and before the linked copy, and be as large as the linked copy within
+COPY_SIZE_SLACK bytes (the same message through the same peer: only its Received: lines'
+digits differ). Its new msg may come long after the attempt: a peer killed after its commit
+logs it when it starts again.
+
+A loop is a host met twice on one path from the journey's origin; two hand-offs of one
+message to one peer (two recipients there, one qmail-remote each) are two branches, no loop.
+
+Clocks: the skew of a pair (src, dst) is the median, over its linked hand-offs, of dst's
+`new msg` time minus src's `delivery` time. The peer queues the message before src reads
+the 250, so between synchronised clocks it is a few milliseconds below zero; the median is
+taken as how far dst's clock runs ahead of src's. Every time of a journey is brought to its
+origin's clock by subtracting the skews along its path: a hop's latency (from the previous
+host's `new msg` to this host's) and the end-to-end latency are on one clock, so a peer
+whose clock is 4 minutes behind shows the seconds the hand-off took, not -240 s.
+
+QMQP from null clients (mini-qmail, which keeps no log): the hub's qmail-qmqpd logs
+`qmqp from ADDRESS qp PID` (qmailpy/logline.py) for each message a TCP client handed it.
+Each such line is linked to the hub's message with that qp whose `new msg` is nearest,
+within [line - QMQP_BEFORE, line + skew] on the hub's own clock, each message at most
+once; when MAP names ADDRESS, the journey starts at that host, as a hop with no message
+number (origin_n null), its `left` the line's time.
 """
 import re
 import statistics
@@ -33,6 +56,9 @@ from qmailpy_audit.messages import NOTICE, VIOLATION
 
 DEFAULT_SKEW = 300.0           # seconds two hosts' clocks may differ
 HEADER_GROWTH = 8192           # bytes a peer may add (Received:, its filters' headers)
+COPY_SIZE_SLACK = 64           # bytes two copies of one hand-off on one peer may differ
+COPY_MARGIN = 30.0             # seconds a copy's new msg may precede its attempt's start
+QMQP_BEFORE = 5.0              # seconds qmail-send's new msg may precede qmail-qmqpd's line
 FLEET_FINDING_KINDS = {
     "lost-between-hosts": VIOLATION,
     "duplicate-across-hosts": NOTICE,
@@ -95,7 +121,7 @@ class Occurrence:
     """One message on one host (a row of messages.parquet) and what became of it."""
     __slots__ = ("key", "host", "n", "birth", "bytes", "sender", "qp", "end_time", "ended",
                  "bounced", "triple", "orphan", "in_snapshot", "local", "outside", "hops", "incoming",
-                 "left", "recipients")
+                 "left", "recipients", "qmqp")
 
     def __init__(self, row, in_snapshot):
         self.host, self.n, self.birth = row["host"], row["n"], row["birth"]
@@ -110,6 +136,7 @@ class Occurrence:
         self.incoming = None     # the Hop that brought it
         self.left = None         # its last delivery's time
         self.recipients = set()  # addresses of its deliveries given (qmail-audit --where)
+        self.qmqp = None         # (client address, time) of the QMQP hand-off that brought it
 
 
 class Hop:
@@ -140,10 +167,13 @@ class Fleet:
     """The linked fleet: journeys, findings, per-pair skew, counts."""
 
     def __init__(self, address_map, occ_rows, delivery_rows, snapshot_hosts, log_hosts,
-                 skew=DEFAULT_SKEW):
+                 skew=DEFAULT_SKEW, qmqp_rows=()):
+        """qmqp_rows: (host, time, client address, qp) of qmail-qmqpd's `qmqp from` lines."""
         self.address_map, self.skew = address_map, skew
         self.fleet_hosts = set(address_map.values())
         self.findings, self.ambiguous, self.unjudged = [], 0, 0
+        self.qmqp_received, self.qmqp_linked = 0, 0
+        self.hop_latencies = []     # (src host, dst host, seconds on one clock)
         self.occs = {}
         for row in occ_rows:
             in_snap = row["host"] in snapshot_hosts and not row["ended"]
@@ -175,7 +205,9 @@ class Fleet:
             occ.hops.append(hop)
             self.hops.append(hop)
         self._link(log_hosts | snapshot_hosts)
+        self.offsets = {(p["src"], p["dst"]): p["median"] for p in self.skew_by_pair()}
         self._duplicates(deferred)
+        self._link_qmqp(qmqp_rows)
         self.journeys = self._journeys()
 
     def _link(self, input_hosts):
@@ -226,13 +258,37 @@ class Fleet:
                         continue
                     if not 0 <= occ.bytes - hop.src.bytes <= HEADER_GROWTH:
                         continue
-                    if d["dstart"] - self.skew <= occ.birth <= d["ddone"] + self.skew:
+                    if hop.dst.bytes is None or \
+                            abs(occ.bytes - hop.dst.bytes) > COPY_SIZE_SLACK:
+                        continue
+                    offset = self.offsets.get((hop.src.host, hop.peer), 0.0)
+                    if d["dstart"] + offset - COPY_MARGIN <= occ.birth <= hop.dst.birth:
                         occ.incoming = hop          # a copy: part of that journey, not a hop
                         self.findings.append(_finding(
                             occ, "duplicate-across-hosts", occ.birth,
                             "%s queued message %d and message %d for one hand-off from %s "
                             "message %d (an attempt it logged as deferred)"
                             % (hop.peer, occ.n, hop.dst.n, hop.src.host, hop.src.n)))
+
+    def _link_qmqp(self, qmqp_rows):
+        """Each `qmqp from` line to the hub's message with its qp nearest in time."""
+        by_host_qp = {}
+        for occ in self.occs.values():
+            if occ.qp is not None and occ.incoming is None:
+                by_host_qp.setdefault((occ.host, occ.qp), []).append(occ)
+        pairs = []
+        for index, (host, when, address, qp) in enumerate(qmqp_rows):
+            self.qmqp_received += 1
+            for occ in by_host_qp.get((host, qp), ()):
+                if when - QMQP_BEFORE <= occ.birth <= when + self.skew:
+                    pairs.append((abs(occ.birth - when), when, occ.birth, index, address, occ))
+        pairs.sort(key=lambda p: p[:4])
+        taken = set()
+        for _gap, when, _b, index, address, occ in pairs:
+            if occ.qmqp is None and index not in taken:
+                occ.qmqp = (address, when)
+                taken.add(index)
+                self.qmqp_linked += 1
 
     def _journeys(self):
         out = []
@@ -243,35 +299,53 @@ class Fleet:
         return out
 
     def _journey(self, origin):
-        hops, ends, seen_hosts, looped, lost = [], [], [], False, False
-        stack, visited = [origin], set()
+        hops, ends, looped, lost = [], [], False, False
+        # (occurrence, hosts on its path before it, its clock's offset from the origin's,
+        #  the previous host's new msg time on the origin's clock)
+        stack, visited = [(origin, (), 0.0, None)], set()
+        client = None
+        if origin.qmqp is not None:
+            address, when = origin.qmqp
+            client = self.address_map.get(address, "qmqp:" + address)
+            hops.append({"host": client, "n": None, "queued": None, "left": when,
+                         "latency": None})
+            stack = [(origin, (client,), 0.0, when)]
+        start = origin.qmqp[1] if client is not None else origin.birth
         while stack:
-            occ = stack.pop()
+            occ, path, offset, before = stack.pop()
             if occ.key in visited:
                 continue
             visited.add(occ.key)
-            hops.append((occ.host, occ.n, occ.birth, occ.left if occ.ended else None))
-            if occ.host in seen_hosts and not looped:
+            here = occ.birth - offset                   # on the origin's clock
+            if before is not None:
+                self.hop_latencies.append((path[-1], occ.host, here - before))
+            hops.append({"host": occ.host, "n": occ.n, "queued": occ.birth,
+                         "left": occ.left if occ.ended else None,
+                         "latency": None if before is None else here - before})
+            if occ.host in path and not looped:
                 looped = True
                 self.findings.append(_finding(
                     occ, "loop", occ.birth, "journey from %s message %d passes %s twice"
                     % (origin.host, origin.n, occ.host)))
-            seen_hosts.append(occ.host)
-            ends += [("delivered", occ.host, t) for t in occ.local]
-            ends += [("outside", "%s>%s" % (occ.host, partner), t) for partner, t in occ.outside]
+            found = []
+            found += [("delivered", occ.host, t) for t in occ.local]
+            found += [("outside", "%s>%s" % (occ.host, partner), t) for partner, t in occ.outside]
             if occ.bounced:
-                ends.append(("bounced", occ.host, occ.end_time))
+                found.append(("bounced", occ.host, occ.end_time))
             if occ.triple:      # a double bounce discarded, as qmail-send does by design
-                ends.append(("discarded", occ.host, occ.end_time))
+                found.append(("discarded", occ.host, occ.end_time))
             if occ.orphan:      # its log began inside: earlier deliveries are not in it
-                ends.append(("before-log", occ.host, None))
+                found.append(("before-log", occ.host, None))
             if not occ.ended:
-                ends.append(("queued" if occ.in_snapshot else "open", occ.host, None))
-            stack += [hop.dst for hop in reversed(occ.hops) if hop.dst is not None]
+                found.append(("queued" if occ.in_snapshot else "open", occ.host, None))
             for hop in occ.hops:
                 if hop.dst is None:
                     lost = True
-                    ends.append(("lost", "%s>%s" % (occ.host, hop.peer), hop.ddone))
+                    found.append(("lost", "%s>%s" % (occ.host, hop.peer), hop.ddone))
+            ends += [(k, w, None if t is None else t - offset) for k, w, t in found]
+            stack += [(hop.dst, path + (occ.host,),
+                       offset + self.offsets.get((occ.host, hop.dst.host), 0.0), here)
+                      for hop in reversed(occ.hops) if hop.dst is not None]
         if not ends:
             self.findings.append(_finding(
                 origin, "vanished-in-fleet", origin.end_time or origin.birth,
@@ -279,18 +353,21 @@ class Fleet:
                 "handed outside the fleet, not queued" % (origin.host, origin.n)))
         times = [t for _k, _w, t in ends if t is not None]
         # hosts in the order the message went (depth first), whatever their clocks say
-        route = ">".join(h[0] for h in hops)
+        route = ">".join(h["host"] for h in hops)
         kinds = sorted({k for k, _w, _t in ends})
         return {
-            "origin_host": origin.host, "origin_n": origin.n, "origin_birth": origin.birth,
-            "route": route, "hop_count": len(hops) - 1,
-            "hops": [{"host": h, "n": n, "queued": b, "left": left}
-                     for h, n, b, left in hops],
+            "origin_host": client or origin.host, "origin_n": None if client else origin.n,
+            "origin_birth": start,
+            "route": route, "hop_count": len(hops) - 1, "hops": hops,
             "ended": ",".join(kinds) if kinds else "nowhere",
             "ended_where": ["%s at %s" % (k, w) for k, w, _t in ends],
-            "end_to_end": (max(times) - origin.birth) if times and not lost else None,
+            "end_to_end": (max(times) - start) if times and not lost else None,
             "loop": looped, "lost": lost,
         }
+
+    def null_clients(self):
+        """The hosts of MAP that QMQP hand-offs came from (they keep no log: no input)."""
+        return {j["origin_host"] for j in self.journeys if j["origin_n"] is None}
 
     def skew_by_pair(self):
         """[{src, dst, links, median, min, max}]: a peer's `new msg` time minus the sender's
@@ -303,12 +380,14 @@ class Fleet:
         return [{"src": s, "dst": d, "links": len(v), "median": statistics.median(v),
                  "min": min(v), "max": max(v)} for (s, d), v in sorted(pairs.items())]
 
-    def hop_latency_by_pair(self):
+    def latency_by_pair(self):
+        """[{src, dst, hops, p50, p90, p99, max}]: the hops' latencies (one clock) per pair
+        of hosts; src is a null client's name for a QMQP hand-off."""
         pairs = {}
-        for hop in self.hops:
-            if hop.dst is not None:
-                pairs.setdefault((hop.src.host, hop.peer), []).append(hop.ddone - hop.src.birth)
-        return pairs
+        for src, dst, latency in self.hop_latencies:
+            pairs.setdefault((src, dst), []).append(latency)
+        return [dict(src=s, dst=d, hops=len(v), **percentiles(v))
+                for (s, d), v in sorted(pairs.items())]
 
     def summary(self):
         by_end = {}
@@ -331,6 +410,10 @@ class Fleet:
             "by_end": dict(sorted(by_end.items())),
             "findings": dict(sorted(kinds.items())),
             "skew": self.skew_by_pair(),
+            "qmqp": {"received": self.qmqp_received, "linked": self.qmqp_linked,
+                     "from_null_clients": sum(1 for j in self.journeys if j["origin_n"] is None
+                                              and j["origin_host"] in self.fleet_hosts)},
+            "latency_by_pair": self.latency_by_pair(),
             "latency_by_route": [dict(route=r, journeys=count, ended=len(routes.get(r, ())),
                                       **percentiles(routes.get(r, ())))
                                  for r, count in sorted(journeys_by_route.items())],

@@ -6,7 +6,8 @@ spot, with its log-backend segments and the qmail-send log that `qmailctl
 start` writes in HOME/log, rotated files included, oldest first). A `KIND:` prefix (log:, snapshot:, notqmail:, segment:) forces the kind;
 otherwise the first bytes decide: '{' = snapshot JSON lines, '# qmail queue
 snapshot' = a notqmail text dump, a NUL byte = a log-backend segment, anything
-else = a qmail-send log. A gzip file (magic 1f 8b, as logrotate leaves rotated
+else = a qmail-send log, unless its first line is qmail-qmqpd's (kind qmqpd: only its
+`qmqp from` lines are read, for --fleet). A gzip file (magic 1f 8b, as logrotate leaves rotated
 logs, whatever its name) is sniffed and read by its decompressed text.
 
 Hosts: --host NAME=PATH names everything at or below PATH; otherwise a
@@ -19,7 +20,7 @@ import os
 import socket
 import zlib
 
-KINDS = ("log", "snapshot", "notqmail", "segment", "home")
+KINDS = ("log", "snapshot", "notqmail", "segment", "home", "qmqpd")
 HEAD_BYTES = 512
 GZIP_MAGIC = b"\x1f\x8b"
 GZIP_HEAD_BYTES = 65536     # compressed bytes read to see the first decompressed ones
@@ -93,7 +94,16 @@ def sniff(head):
         return "notqmail"
     if b"\0" in head:
         return "segment"
+    if _is_qmqpd_log(head):
+        return "qmqpd"
     return "log"
+
+
+def _is_qmqpd_log(head):
+    """qmail-qmqpd's own log (its `qmqp from` lines name QMQP clients: spark/fleet.py)."""
+    from qmailpy.logline import parse_prefix
+    first = head.split(b"\n", 1)[0].decode("utf-8", "replace")
+    return parse_prefix(first)[2].startswith("qmail-qmqpd: ")
 
 
 def gunzip_head(data):

@@ -13,7 +13,7 @@ from pyspark.sql import types as T
 
 from qmailpy import snapshot_format
 from qmailpy.backends import snapshot as home_snapshot
-from qmailpy.logfiles import SEND_LOG, log_set
+from qmailpy.logfiles import QMQPD_LOG, SEND_LOG, log_set
 from qmailpy.states import DEFAULT_QUEUELIFETIME
 from qmailpy_audit import inputs as inputs_mod
 from qmailpy_audit import fleet as fleet_mod
@@ -262,6 +262,8 @@ def _home_inputs(f, opts):
             if name.endswith(".seg"):
                 found.append(inputs_mod.InputFile(os.path.join(logdir, name), "segment",
                                                   f.host, f.order))
+    for path in log_set(os.path.join(f.path, "log"), QMQPD_LOG):  # QMQP clients (spark/fleet.py)
+        found.append(inputs_mod.InputFile(path, "qmqpd", f.host, f.order))
     logs = log_set(os.path.join(f.path, "log"), SEND_LOG)
     for i, path in enumerate(logs):      # after the home's other inputs, before the next argument's
         found.append(inputs_mod.InputFile(path, "log", f.host, f.order + (i + 1) / (len(logs) + 1)))
@@ -480,7 +482,8 @@ def audit(spark, specs, out_dir, opts=None):
         table = frames["occ"]   # unpersisted below: the view is not persisted
     fleet = None
     if opts.fleet_map is not None:
-        fleet = _fleet(spark, frames, opts, set(spans), set(snapshot_hosts))
+        fleet = _fleet(spark, frames, opts, set(spans), set(snapshot_hosts),
+                       [f for f in files if f.kind == "qmqpd"])
         frames["f"] = frames["f"].unionByName(
             spark.createDataFrame(fleet.findings, SCHEMAS["f"]))
     if opts.write_parquet:
@@ -579,14 +582,21 @@ JOURNEY_SCHEMA = T.StructType([
     T.StructField("hop_count", _L),
     T.StructField("hops", T.ArrayType(T.StructType([
         T.StructField("host", _S), T.StructField("n", _L), T.StructField("queued", _D),
-        T.StructField("left", _D)]))),
+        T.StructField("left", _D), T.StructField("latency", _D)]))),
     T.StructField("ended", _S), T.StructField("ended_where", T.ArrayType(_S)),
     T.StructField("end_to_end", _D), T.StructField("loop", _B), T.StructField("lost", _B),
 ])
 
 
-def _fleet(spark, frames, opts, log_hosts, snapshot_hosts):
-    """The fleet linked on the driver from the messages and their deliveries."""
+def _fleet(spark, frames, opts, log_hosts, snapshot_hosts, qmqpd_files=()):
+    """The fleet linked on the driver from the messages, their deliveries and
+    qmail-qmqpd's `qmqp from` lines."""
+    from qmailpy.logline import parse_qmqp_from
+    qmqp_rows = []
+    for f in qmqpd_files:
+        qmqp_rows += spark.sparkContext.textFile(f.path).map(parse_qmqp_from) \
+            .filter(lambda t: t is not None and t[0] is not None) \
+            .map(lambda t, h=f.host: (h,) + t).collect()
     occ_rows = frames["occ"].select("host", "n", "birth", "bytes", "sender", "qp", "end_time",
                                     "ended", "bounced", "triple", "orphan").collect()
     d = frames["d"]
@@ -594,12 +604,12 @@ def _fleet(spark, frames, opts, log_hosts, snapshot_hosts):
         .select("host", "n", "occ_birth", "result", "channel", "recipient", "dstart", "ddone",
                 "reason").collect()
     return fleet_mod.Fleet(opts.fleet_map, occ_rows, delivery_rows, snapshot_hosts, log_hosts,
-                           opts.skew)
+                           opts.skew, qmqp_rows)
 
 
 def fleet_warnings(fleet, input_hosts):
     out = ["host %s of the fleet map has no input: hand-offs to it are not judged" % h
-           for h in sorted(fleet.fleet_hosts - input_hosts)]
+           for h in sorted(fleet.fleet_hosts - input_hosts - fleet.null_clients())]
     out += ["host %s has inputs but is not in the fleet map: nothing is handed to it by "
             "address" % h for h in sorted(input_hosts - fleet.fleet_hosts)]
     return out

@@ -247,7 +247,7 @@ def render(summary, plots):
 
 def fleet_section(fl):
     """Journeys across the fleet (spark/fleet.py): counts, clock skew per pair of hosts,
-    end-to-end latency per route."""
+    end-to-end latency per route, hop latency per pair (skew-corrected)."""
     routes = [r for r in fl["latency_by_route"] if r["ended"]]
     chart = bar_chart("End-to-end latency by route (seconds)", [r["route"] for r in routes],
                       [[r["p50"] for r in routes], [r["p90"] for r in routes]], ["p50", "p90"],
@@ -259,6 +259,9 @@ def fleet_section(fl):
              ("hand-offs linked", fl["linked"]), ("hand-offs with several candidates",
                                                   fl["ambiguous"]),
              ("hand-offs to hosts without input", fl["unjudged"]),
+             ("QMQP hand-offs logged by qmail-qmqpd", fl["qmqp"]["received"]),
+             ("QMQP hand-offs linked", fl["qmqp"]["linked"]),
+             ("journeys from null clients", fl["qmqp"]["from_null_clients"]),
              ("clock skew tolerated (s)", fl["skew_tolerance"])]),
         "<h3>Where journeys ended</h3>",
         _kv(sorted(fl["by_end"].items())) if fl["by_end"] else "<p>none</p>",
@@ -268,10 +271,15 @@ def fleet_section(fl):
         _table(fl["skew"], ["src", "dst", "links", "median", "min", "max"]),
         "<h3>Latency by route (seconds)</h3>",
         '<div class="plots">%s</div>' % chart,
-        "<p>End to end: from the first host's <code>new msg</code> to the last delivery or "
-        "bounce, over the journeys that ended (not queued, not lost).</p>",
+        "<p>End to end: from the first host's <code>new msg</code> (a null client's: the hub's "
+        "<code>qmqp from</code> line) to the last delivery or bounce, on the first host's "
+        "clock, over the journeys that ended (not queued, not lost).</p>",
         _table(fl["latency_by_route"], ["route", "journeys", "ended", "p50", "p90", "p99",
                                          "max"]),
+        "<h3>Hop latency per pair of hosts (seconds)</h3>",
+        "<p>From the previous host's <code>new msg</code> to this host's (from qmail-qmqpd's "
+        "line for a null client), corrected by the pair's observed skew: on one clock.</p>",
+        _table(fl["latency_by_pair"], ["src", "dst", "hops", "p50", "p90", "p99", "max"]),
     ]
 
 

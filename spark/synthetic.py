@@ -244,7 +244,7 @@ def generate(log_path, messages=200, seed=1, style="epoch", host="mx1", start=17
                         delivery[0] = 0
                         at = last + 0.001
                     handed = relay is not None and kind is None and result == "k" and \
-                        channel == "remote" and rng.random() < relay.share
+                        channel == "remote" and at < relay.until and rng.random() < relay.share
                     if handed:
                         relay.qp += 1
                         reason = "%s_accepted_message./Remote_host_said:_250_ok_%d_qp_%d/" % (
@@ -289,6 +289,9 @@ def generate(log_path, messages=200, seed=1, style="epoch", host="mx1", start=17
                 expect.finding("delivery-after-end")
             elif kind is None:
                 ended_in_log.append((n, rounded(birth)))
+        if relay is not None and relay.incoming:
+            raise ValueError("%s never queued %d messages handed to it (the generator's "
+                             "hand-offs outran the peer's messages)" % (host, len(relay.incoming)))
         last_time = max(start + messages * SPACING, latest[0]) + 30
         w.flush()
         w.add(last_time, "exiting", "status: exiting")
@@ -372,26 +375,34 @@ def _snapshot(path, host, taken, pending, ended, defects, expect, start, rng):
 
 class Relay:
     """One host's hand-offs in a generated fleet: to `peer` (an address) with the peer's qp
-    numbers from `qp` up, and the messages handed to it, (time, size, sender, qp) in time order."""
+    numbers from `qp` up, until `until` (the peer queues each at its next message's birth, so
+    none later than its last ones), and the messages handed to it, (time, size, sender, qp) in
+    time order."""
 
-    def __init__(self, peer, share, incoming, qp):
+    def __init__(self, peer, share, incoming, qp, until):
         self.peer, self.share, self.incoming, self.qp = peer, share, sorted(incoming), qp
+        self.until = until
 
 
 def generate_fleet(directory, hosts=20, messages=1000, seed=1, style="tai64n", share=0.3):
     """Logs of `hosts` hosts (DIRECTORY/hN/current) in a chain: host i hands about `share`
     of its remote successes to host i+1 at 127.0.1.(i+2), which queues them (same sender,
     size grown by its Received: line, the qp its answer named). Returns (fleet map text,
-    [Expect]); the map names each host and its address for qmail-audit --fleet."""
+    [Expect]); the map names each host and its address for qmail-audit --fleet. What an audit
+    must find: no finding (every hand-off queued once by its peer, no host twice on a path),
+    sum(len(e.handoffs)) hand-offs, all linked."""
     import os
     expects, incoming, lines = [], [], []
+    start = 1795000000.0
+    # hand-offs stop this long before the peer's last birth: room for a backlog of them
+    until = start + (messages - max(20, messages // 10)) * SPACING
     for i in range(hosts):
         name = "h%d" % (i + 1)
         os.makedirs(os.path.join(directory, name), exist_ok=True)
         peer = "127.0.1.%d" % (i + 2) if i + 1 < hosts else None
-        relay = Relay(peer, share if peer else 0.0, incoming, 10000 * (i + 2))
+        relay = Relay(peer, share if peer else 0.0, incoming, 10000 * (i + 2), until)
         expect = generate(os.path.join(directory, name, "current"), messages=messages,
-                          seed=seed + i, style=style, host=name, relay=relay)
+                          seed=seed + i, style=style, host=name, relay=relay, start=start)
         expects.append(expect)
         incoming = expect.handoffs
         lines.append("%s 127.0.1.%d" % (name, i + 1))

@@ -14,7 +14,7 @@ from inotify_simple import INotify, flags
 
 from conftest import make_home
 from ctl_support import ctl
-from qmailpy.logfiles import SEND_LOG
+from qmailpy.logfiles import QMQPD_LOG, SEND_LOG
 
 TIMEOUT = 60
 
@@ -33,7 +33,9 @@ class FleetHost:
         self.base = traversable_base_dir()
         self.home = make_home(self.base)
         self.port = free_port(address)
+        self.qmqp_port = free_port(address)
         self.log = os.path.join(self.home.path, "log", SEND_LOG)
+        self.qmqpd_log = os.path.join(self.home.path, "log", QMQPD_LOG)
 
     def routes(self, text):
         self.home.control("smtproutes", text)
@@ -41,8 +43,11 @@ class FleetHost:
     def accept_for(self, *domains):
         self.home.control("rcpthosts", "".join(d + "\n" for d in ("test.example",) + domains))
 
-    def start(self, smtp=True):
+    def start(self, smtp=True, qmqp=False):
+        """qmailctl start; with qmqp, qmail-qmqpd also answers QMQP on address:qmqp_port."""
         args = ["start"] + (["--smtp", "%s:%d" % (self.address, self.port)] if smtp else [])
+        if qmqp:
+            args += ["--qmqp", "%s:%d" % (self.address, self.qmqp_port)]
         done = ctl(self.home, *args)
         assert done.returncode == 0, done.stderr
 
@@ -71,6 +76,26 @@ class FleetHost:
 
     def remove(self):
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+def make_null_client(base, *hubs):
+    """A mini-qmail home (qmailctl init --mini HUB...): no queue, no log; its path."""
+    import subprocess
+    from conftest import VENV_BIN
+    path = os.path.join(base, "mini")
+    done = subprocess.run([os.path.join(VENV_BIN, "qmailctl"), "init", "--home", path, "--me",
+                           "mini.example", "--mini", *hubs], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return path
+
+
+def null_client_sendmail(mini, message, sender, recipient):
+    """The null client's sendmail, as cron runs it: its qmail-queue is qmail-qmqpc."""
+    import subprocess
+    env = {"PATH": "/usr/bin:/bin", "QMAILHOME": mini, "LOGNAME": "root", "HOME": "/"}
+    done = subprocess.run([os.path.join(mini, "bin", "sendmail"), "-f", sender, recipient],
+                          input=message, capture_output=True, env=env, timeout=60)
+    assert done.returncode == 0, done
 
 
 def wait_file(path, timeout=TIMEOUT):

@@ -252,6 +252,28 @@ def test_where_command_prints_where_a_message_is_queued_and_its_journey(fleet_di
     assert "qmail-audit: loop: 1" in done.stderr        # the audit's lines: on standard error
 
 
+@pytest.mark.slow
+def test_where_command_exits_1_when_nothing_matches(tmp_path):
+    """qmail-audit(8): with --where, 1 when no message matched (as qmailctl queue's filters),
+    the answer still printed; one small snapshot, so one cheap run."""
+    snap = tmp_path / "mx" / "queue.snapshot"
+    snap.parent.mkdir()
+    with open(snap, "w", encoding="utf-8") as f:
+        snapshot_format.write([
+            snapshot_format.header("mx", "/var/qmail", "log", 2000.0, 604800),
+            _record("a@x.example", [("u@one.example", False)], "<m.1@x.example>"),
+            snapshot_format.trailer("mx", 1)], f)
+    done = subprocess.run([os.path.join(VENV_BIN, "qmail-audit"), "--master", "local[1]",
+                           "--where", "message-id=<nothing@x.example>", "--out",
+                           str(tmp_path / "out"), "--no-parquet", str(snap)],
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 1, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["query"] == {"message-id": "nothing@x.example"}
+    assert answer["queued"] == [] and answer["journeys"] is None
+    assert answer["snapshots"] == {"mx": 2000.0}
+
+
 def test_where_refuses_an_unknown_key(tmp_path):
     done = subprocess.run([os.path.join(VENV_BIN, "qmail-audit"), "--where", "subject=hi",
                            "--out", str(tmp_path / "out"), str(tmp_path)],
