@@ -140,11 +140,11 @@ class Run:
         self.out_dir = out_dir
         self.base = load(out_dir, full)
         self.state = json.loads(json.dumps(self.base))      # the copy this run changes
+        self._remove_runs(self.base["runs"] if not full else _committed_runs(out_dir))
         top = os.path.join(out_dir, RUNS)
         here = [r for r in os.listdir(top) if r.isdigit()] if os.path.isdir(top) else []
         self.name = "%06d" % (max([int(r) for r in here + self.base["runs"]] + [0]) + 1)
         self.dir = os.path.join(top, self.name)
-        self._remove_runs(self.base["runs"] if not full else _committed_runs(out_dir))
         self.paths = {}             # (host, rank) -> path, for bad-line examples
         self.lines_read = 0
         self.pieces = []

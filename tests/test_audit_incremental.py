@@ -1,0 +1,252 @@
+"""qmail-audit --incremental (issue 26 point 4): runs that read only what is new.
+
+A log audited piece by piece - cut mid-line and mid-message, bytes appended, the file
+rotated by multilog - and a fleet audited twice must give the summaries.json and the
+findings of one run over everything; a run SIGKILLed before its commit is redone by the
+next without counting anything twice; a damaged state is bad input, told before Spark
+starts; a run with nothing new changes nothing.
+"""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+pytest.importorskip("pyspark")
+
+from qmailpy_audit import fleet, incremental, job, synthetic  # noqa: E402
+
+AUDIT = os.path.join(os.path.dirname(sys.executable), "qmail-audit")
+DEFECTS = {"never-ended": 1, "failure-not-bounced": 1, "duplicate-delivery": 1,
+           "past-lifetime": 1, "illegal-transition": 1}
+ROTATED = "@4000000069f5f1a2000000000.s"
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from qmailpy.cli.qmail_audit import session
+    s = session("local[2]", "qmail-audit-incremental-tests")
+    yield s
+    s.stop()
+
+
+def audit(spark, inputs, out, **kw):
+    opts = job.Options(queuelifetime=synthetic.LIFETIME, lifetime_slack=synthetic.SLACK, **kw)
+    opts.incremental = True
+    return job.audit(spark, [str(i) for i in inputs], str(out), opts)
+
+
+def findings(out):
+    rows = []
+    top = os.path.join(out, "findings.json")
+    for name in sorted(os.listdir(top)):
+        if name.startswith("part-"):
+            with open(os.path.join(top, name)) as f:
+                rows += [json.loads(line) for line in f if line.strip()]
+    return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True))
+
+
+def summary(out):
+    with open(os.path.join(out, "summaries.json")) as f:
+        found = json.load(f)
+    found.pop("incremental")
+    return found
+
+
+def assert_close(a, b, where="summary"):
+    """Equal, floats to 1e-9 relative (sums taken in another order)."""
+    if isinstance(a, float) or isinstance(b, float):
+        assert isinstance(a, (int, float)) and isinstance(b, (int, float)), where
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9), (where, a, b)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a) == sorted(b), (where, sorted(a), sorted(b))
+        for k in a:
+            assert_close(a[k], b[k], where + "." + k)
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), (where, a, b)
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_close(x, y, "%s[%d]" % (where, i))
+    else:
+        assert a == b, (where, a, b)
+
+
+def assert_same_audit(pieces_out, whole_out):
+    assert_close(summary(pieces_out), summary(whole_out))
+    assert findings(pieces_out) == findings(whole_out)
+
+
+def mid_line(data, fraction):
+    """A byte offset inside a line near fraction of data."""
+    return data.index(b"\n", int(len(data) * fraction)) - 7
+
+
+# --- one host's log: cut mid-line, appended, rotated -----------------------------------------
+
+@pytest.fixture(scope="module")
+def pieces(spark, tmp_path_factory):
+    """mx1's log audited in three runs into OUT/pieces: the first third (ending mid-line),
+    then bytes appended up to two thirds (mid-line again), then multilog's rotation: the
+    file renamed @TAI64N.s, whole, and a new `current` with the rest; and the same final
+    files audited by one run into OUT/whole."""
+    top = tmp_path_factory.mktemp("pieces")
+    data_dir = top / "in" / "mx1"
+    data_dir.mkdir(parents=True)
+    whole_log = top / "whole.log"
+    snapshot = top / "in" / "mx1.snapshot"
+    synthetic.generate(str(whole_log), messages=240, seed=26, host="mx1", defects=DEFECTS,
+                       snapshot_path=str(top / "snapshot"))
+    data = whole_log.read_bytes()
+    first, second = mid_line(data, 0.33), mid_line(data, 0.66)
+    rotate_at = data.index(b"\n", second) + 1
+    current = data_dir / "current"
+    runs = []
+    current.write_bytes(data[:first])
+    runs.append(audit(spark, [top / "in"], top / "pieces"))
+    with open(current, "ab") as f:
+        f.write(data[first:second])
+    runs.append(audit(spark, [top / "in"], top / "pieces"))
+    with open(current, "ab") as f:
+        f.write(data[second:rotate_at])
+    os.rename(current, data_dir / ROTATED)
+    current.write_bytes(data[rotate_at:])
+    shutil.copy(top / "snapshot", snapshot)
+    started = time.monotonic()
+    runs.append(audit(spark, [top / "in"], top / "pieces"))
+    third = time.monotonic() - started
+    started = time.monotonic()
+    whole = audit(spark, [top / "in"], top / "whole")
+    return {"top": top, "runs": runs, "whole": whole, "lines": data.count(b"\n"),
+            "cuts": (data[:first].count(b"\n"), data[:second].count(b"\n")),
+            "times": (third, time.monotonic() - started)}
+
+
+def test_a_log_audited_in_pieces_equals_one_run(pieces):
+    top = pieces["top"]
+    assert_same_audit(top / "pieces", top / "whole")
+    kinds = pieces["whole"].findings_by_kind
+    for kind in ("never-ended", "failure-not-bounced", "duplicate-delivery", "past-lifetime"):
+        assert kinds.get(kind), kinds        # the defects are there to be found, in both
+    assert summary(top / "whole")["log"]["lines"] if "lines" in summary(top / "whole")["log"] \
+        else True
+
+
+def test_each_run_reads_only_the_new_whole_lines(pieces):
+    read = [r.summary["incremental"]["lines_read"] for r in pieces["runs"]]
+    one, two = pieces["cuts"]
+    # a line cut in two is read once, whole, by the run after the cut
+    assert read == [one, two - one, pieces["lines"] - two]
+    assert pieces["whole"].summary["incremental"]["lines_read"] == pieces["lines"]
+    with open(top_state(pieces)) as f:
+        state = json.load(f)
+    files = {os.path.basename(r["path"]): r for r in state["files"]}
+    assert files[ROTATED]["rank"] == 0 and files["current"]["rank"] == 1
+    assert state["runs"] == ["000001", "000002", "000003"]
+
+
+def top_state(pieces):
+    return pieces["top"] / "pieces" / incremental.STATE
+
+
+def test_a_run_with_nothing_new_changes_nothing(spark, pieces):
+    out = pieces["top"] / "pieces"
+    before = {p: (out / p).read_bytes() for p in (incremental.STATE, "summaries.json",
+                                                  "report.html")}
+    runs_before = sorted(os.listdir(out / incremental.RUNS))
+    started = time.monotonic()
+    again = audit(spark, [pieces["top"] / "in"], out)
+    took = time.monotonic() - started
+    print("nothing new: %.1f s; the last run with new lines: %.1f s; one run over all: %.1f s"
+          % ((took,) + pieces["times"]))
+    assert {p: (out / p).read_bytes() for p in before} == before
+    assert sorted(os.listdir(out / incremental.RUNS)) == runs_before
+    assert again.findings_by_kind == pieces["runs"][-1].findings_by_kind
+    assert took < pieces["times"][0]
+
+
+def test_a_damaged_state_is_bad_input_before_spark_starts(pieces, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(pieces["top"] / "pieces", out)
+    final = out / incremental.RUNS / "000001" / "final" / "messages.parquet"
+    part = sorted(p for p in os.listdir(final) if p.startswith("part-"))[0]
+    with open(final / part, "r+b") as f:
+        f.truncate(os.path.getsize(final / part) // 2)
+    state_before = (out / incremental.STATE).read_bytes()
+    done = subprocess.run([AUDIT, "--incremental", "--out", str(out), str(pieces["top"] / "in")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "qmail-audit: bad state: %s is" % (final / part) in done.stderr
+    assert "rerun with --full" in done.stderr
+    assert "Spark" not in done.stderr           # told before a session was started
+    assert (out / incremental.STATE).read_bytes() == state_before
+    (out / incremental.STATE).write_text('{"format": 1, "runs": ["0000')
+    done = subprocess.run([AUDIT, "--incremental", "--out", str(out), str(pieces["top"] / "in")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "is unreadable" in done.stderr, done.stderr
+
+
+# --- a fleet, twice; a run killed before its commit ------------------------------------------
+
+@pytest.fixture(scope="module")
+def fleet_runs(spark, tmp_path_factory):
+    """Three hosts handing mail on (generate_fleet), audited with --fleet: first with each
+    host's log cut mid-line at 55%, then whole, into OUT/twice; one run over all into
+    OUT/once; OUT/after-first holds the state of the first run alone."""
+    top = tmp_path_factory.mktemp("fleet")
+    source = top / "source"
+    map_text, _expects = synthetic.generate_fleet(str(source), hosts=3, messages=120, seed=7)
+    (top / "fleet.map").write_text(map_text)
+    fleet_map = fleet.read_map(str(top / "fleet.map"))
+    inputs = top / "in"
+    whole = {}
+    for host in sorted(os.listdir(source)):
+        whole[host] = (source / host / "current").read_bytes()
+        (inputs / host).mkdir(parents=True)
+        (inputs / host / "current").write_bytes(whole[host][:mid_line(whole[host], 0.55)])
+    every_host = str(inputs / "*")       # a glob: each host's directory an input of its own
+    first = audit(spark, [every_host], top / "twice", fleet_map=fleet_map)
+    shutil.copytree(top / "twice", top / "after-first")
+    for host, data in whole.items():
+        (inputs / host / "current").write_bytes(data)
+    second = audit(spark, [every_host], top / "twice", fleet_map=fleet_map)
+    once = audit(spark, [every_host], top / "once", fleet_map=fleet_map)
+    return {"top": top, "inputs": every_host, "map": top / "fleet.map", "fleet_map": fleet_map,
+            "first": first, "second": second, "once": once,
+            "lines": sum(d.count(b"\n") for d in whole.values())}
+
+
+def test_a_fleet_audited_twice_equals_once(fleet_runs):
+    top = fleet_runs["top"]
+    assert_same_audit(top / "twice", top / "once")
+    once = fleet_runs["once"].summary
+    assert once["inputs"]["hosts"] == ["h1", "h2", "h3"]
+    assert once["fleet"]["journeys"]
+    assert fleet_runs["first"].summary["incremental"]["lines_read"] \
+        + fleet_runs["second"].summary["incremental"]["lines_read"] == fleet_runs["lines"]
+
+
+def test_a_run_killed_before_its_commit_is_redone(spark, fleet_runs):
+    top = fleet_runs["top"]
+    out = top / "after-first"
+    state_before = (out / incremental.STATE).read_bytes()
+    env = dict(os.environ, **{incremental.KILL_HOOK: "1"})
+    killed = subprocess.run([AUDIT, "--incremental", "--master", "local[2]", "--driver-memory",
+                             "1g", "--queuelifetime", str(synthetic.LIFETIME),
+                             "--lifetime-slack", str(synthetic.SLACK),
+                             "--fleet", str(fleet_runs["map"]), "--out", str(out),
+                             fleet_runs["inputs"]],
+                            env=env, capture_output=True, text=True, timeout=1800)
+    assert killed.returncode == -9, killed.stderr
+    # its tables were written; the state still names the first run alone
+    assert (out / incremental.RUNS / "000002" / "carried.parquet").is_dir()
+    assert (out / incremental.STATE).read_bytes() == state_before
+    redone = audit(spark, [fleet_runs["inputs"]], out, fleet_map=fleet_runs["fleet_map"])
+    assert redone.summary["incremental"]["run"] == 2
+    assert redone.summary["incremental"]["lines_read"] \
+        == fleet_runs["second"].summary["incremental"]["lines_read"]
+    assert_same_audit(out, top / "once")
