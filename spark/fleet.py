@@ -45,8 +45,8 @@ QMQP from null clients (mini-qmail, which keeps no log): the hub's qmail-qmqpd l
 `qmqp from ADDRESS qp PID` (qmailpy/logline.py) for each message a TCP client handed it.
 Each such line is linked to the hub's message with that qp whose `new msg` is nearest,
 within [line - QMQP_BEFORE, line + skew] on the hub's own clock, each message at most
-once; when MAP names ADDRESS, the journey starts at that host, as a hop with no message
-number (origin_n null), its `left` the line's time.
+once; the journey starts at the host MAP names for ADDRESS (else at `qmqp:ADDRESS`), as a
+hop with no message number (origin_n null), its `left` the line's time.
 """
 import re
 import statistics

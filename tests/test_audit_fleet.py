@@ -162,6 +162,10 @@ def test_qmqp_hand_off_from_a_null_client_starts_the_journey_there():
     assert mini["hops"][1]["latency"] == pytest.approx(-0.2)
     assert mini["end_to_end"] == pytest.approx(12 - 10.2)
     assert f.summary()["qmqp"] == {"received": 1, "linked": 1, "from_null_clients": 1}
+    # a client MAP does not name is still where the journey began, named by its address
+    f = fleet.Fleet(MAP, occs, dls, {"b"}, {"b"}, qmqp_rows=[("b", 10.2, "10.0.0.9", 7)])
+    assert sorted(j["route"] for j in f.journeys) == ["b", "qmqp:10.0.0.9>b"]
+    assert f.summary()["qmqp"] == {"received": 1, "linked": 1, "from_null_clients": 0}
 
 
 def test_a_hand_off_to_an_address_not_in_the_map_ends_outside():
