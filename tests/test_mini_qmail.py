@@ -93,6 +93,8 @@ def test_check_start_and_stat_know_a_mini_qmail_home(tmp_path):
     assert stat.returncode == 0 and b"mini-qmail home" in stat.stdout and b": 127.0.0.1\n" in stat.stdout, stat
     listen = run("start", "--smtp", "127.0.0.1:%d" % dead_port())
     assert listen.returncode == 1 and b"need a queue" in listen.stderr, listen
+    hub = run("start", "--qmqp", "127.0.0.1:%d" % dead_port())
+    assert hub.returncode == 1 and b"need a queue" in hub.stderr, hub
     assert run("stop").returncode == 0
 
     with open(os.path.join(mini, "control", "qmqpservers"), "w") as f:

@@ -456,9 +456,9 @@ def start(args):
     call started: a start run again after a crash never takes down a healthy daemon."""
     home = _home(args)
     if _mini(home):
-        if args.smtp or args.submission:
-            print("qmailctl: --smtp and --submission need a queue to feed: " + MINI_SAYS % home,
-                  file=sys.stderr)
+        if args.smtp or args.submission or args.qmqp:
+            print("qmailctl: --smtp, --submission and --qmqp need a queue to feed: "
+                  + MINI_SAYS % home, file=sys.stderr)
             return 1
         print("qmailctl: nothing to start: " + MINI_SAYS % home)
         return 0
