@@ -9,9 +9,10 @@ local[2] and prints Spark start-up, audit wall time and lines/s separately.
 
 With --hosts N: a fleet of N hosts' logs of --lines lines in all, each host handing
 some of its remote deliveries to the next (synthetic.generate_fleet), audited with
---fleet's map by each --parser (python: every line parsed in Python; sql: in the JVM;
-both: one after the other in the same run), printing lines/s of each and whether
-their findings and figures agree.
+--fleet's map by each --parser (python: every line parsed and every message checked in
+Python; sql: lines parsed and the common messages checked in the JVM; both: one after
+the other in the same run), printing lines/s of each, how many messages the JVM
+checked, and whether their findings and figures agree.
 """
 import argparse
 import os
@@ -150,11 +151,12 @@ def fleet_main(args):
         wall = time.time() - t
         results[parser] = result
         s = result.summary
-        print("%-6s parser: %8.1f s  %d lines  %.0f lines/s  (%d messages, %d deliveries, "
-              "%d journeys, %d of %d hand-offs linked, findings %s)"
+        print("%-6s parser: %8.1f s  %d lines  %.0f lines/s  (%d messages, %d checked in the "
+              "JVM, %d deliveries, %d journeys, %d of %d hand-offs linked, findings %s)"
               % (parser, wall, lines, lines / wall, s["messages"]["messages"],
-                 s["qmailanalog"]["delivery_attempts"], s["fleet"]["journeys"],
-                 s["fleet"]["linked"], s["fleet"]["handoffs"], result.findings_by_kind))
+                 result.checked_in_jvm, s["qmailanalog"]["delivery_attempts"],
+                 s["fleet"]["journeys"], s["fleet"]["linked"], s["fleet"]["handoffs"],
+                 result.findings_by_kind))
     spark.stop()
     if len(results) == 2:
         same = results["python"].summary == results["sql"].summary

@@ -19,7 +19,8 @@ from qmailpy_audit import inputs as inputs_mod
 from qmailpy_audit import fleet as fleet_mod
 from qmailpy_audit import fleetqueue, where as where_mod
 from qmailpy_audit import incremental
-from qmailpy_audit import logparse, logsql, messages, segments, snapshots, summaries, report
+from qmailpy_audit import logparse, logsql, messages, msgsql, segments, snapshots, summaries, \
+    report
 
 EXAMPLES_PER_KIND = 20
 
@@ -49,6 +50,7 @@ class AuditResult:
         self.bad_inputs = bad_inputs
         self.out_dir = out_dir
         self.where = None                 # what --where found (spark/where.py answer())
+        self.checked_in_jvm = 0           # --parser=sql: messages msgsql checked
 
     @property
     def warnings(self):
@@ -300,6 +302,27 @@ def _restarts(events):
     return found
 
 
+def _check_in_sql(spark, frame, opts, contexts, snap_records, persisted):
+    """(msgsql's tables of the messages of the common shape, event tuples of the others
+    and of `state restored` lines, the others' paired deliveries keyed (host, n)): the
+    common messages are checked in the JVM, the rest by messages.process_group."""
+    log_hosts = {h for h, c in contexts.items() if c.log_end is not None}
+    covered = {h: [t for t in c.snapshots if c.log_covers(t)] for h, c in contexts.items()}
+    keys = None
+    for records, _taken, _lifetime in snap_records:
+        found = records.filter(lambda r, hs=log_hosts: r["host"] in hs) \
+            .map(lambda r: (r["host"], r["n"]))
+        keys = found if keys is None else keys.union(found)
+    if keys is not None:
+        keys = spark.createDataFrame(keys, "host string, n long")
+    classified = msgsql.classify(frame, opts.queuelifetime, opts.lifetime_slack, covered, keys)
+    persisted.append(classified)
+    tables, cached = msgsql.tables(classified, SCHEMAS)
+    persisted.extend(cached)
+    events = msgsql.complex_events(classified).union(logsql.events(frame, ("restored",)))
+    return tables, events, msgsql.complex_deliveries(classified)
+
+
 # --- the job ------------------------------------------------------------------
 
 def audit(spark, specs, out_dir, opts=None):
@@ -418,14 +441,16 @@ def audit(spark, specs, out_dir, opts=None):
             restarts=restarts.get(host, ()))
     ctx_b = sc.broadcast(contexts)
 
+    sql_frames = {}
     row_rdds = []
     open_rdds = []              # incremental: rows recomputed each run, not accumulated
     if events is not None:
         parts = max(2, events.getNumPartitions())
         if inc is not None:
             paired, pending = inc.pairs(sc, _starts_and_results(events, frame), parts)
-        elif frame is not None:
-            paired = logsql.paired_deliveries(frame)
+        elif frame is not None:     # the common messages checked in the JVM, the rest here
+            sql_frames, events, paired = _check_in_sql(spark, frame, opts, contexts,
+                                                       snap_records, persisted)
         else:
             deliveries = events.filter(lambda e: e[3] in ("start", "result")) \
                 .map(lambda e: ((e[0], e[5]), e)).groupByKey(parts) \
@@ -471,6 +496,8 @@ def audit(spark, specs, out_dir, opts=None):
                        .groupByKey().flatMap(lambda kv: segments.process_segment_group(
                            kv[0][0], kv[0][1], list(kv[1]))))
     table, frames = _tables(spark, sc.union(row_rdds) if row_rdds else sc.parallelize([]))
+    for tag, df in sql_frames.items():
+        frames[tag] = frames[tag].unionByName(df)
     os.makedirs(out_dir, exist_ok=True)
     if inc is not None:
         open_table, open_frames = _tables(spark, sc.union(open_rdds) if open_rdds
@@ -528,11 +555,13 @@ def audit(spark, specs, out_dir, opts=None):
     plots = summaries.plot_data(frames, summary)
     with open(os.path.join(out_dir, "report.html"), "w", encoding="utf-8") as f:
         f.write(report.render(summary, plots))
+    checked_in_jvm = sql_frames["occ"].count() if sql_frames else 0
     for rdd in persisted:
         rdd.unpersist()
     table.unpersist()
     result = AuditResult(summary, findings_by_kind, violations, bad_list, out_dir)
     result.where = where
+    result.checked_in_jvm = checked_in_jvm
     return result
 
 

@@ -304,11 +304,14 @@ def bad_lines(parsed, limit):
     return [(r["lkind"][4:], r["host"], r["rank"], r["index"], r["text"]) for r in rows]
 
 
-def events(parsed):
-    """logparse's event tuples (an RDD) of the lines that are events, but delivery results:
-    paired_deliveries() matches those with their starts in the JVM."""
-    return parsed.filter(F.col("ekind").isNotNull() & (F.col("ekind") != "result")) \
-        .rdd.map(event_tuple)
+def events(parsed, kinds=None):
+    """logparse's event tuples (an RDD) of the lines that are events, but delivery results
+    (paired_deliveries() matches those with their starts in the JVM); only those of
+    `kinds` when given."""
+    chosen = F.col("ekind").isNotNull() & (F.col("ekind") != "result")
+    if kinds is not None:
+        chosen = F.col("ekind").isin(*kinds)
+    return parsed.filter(chosen).rdd.map(event_tuple)
 
 
 def paired_deliveries(parsed):
@@ -316,13 +319,19 @@ def paired_deliveries(parsed):
     before it among its (host, delivery id)'s starts and results when that line is a start
     (matchup(1): a later start overwrites a pending one; a result answers it once).
     An RDD of ((host, n), ("del", delivery, seq, time)) as process_group takes them."""
+    return paired_frame(parsed).rdd.map(_paired_item)
+
+
+def paired_frame(parsed):
+    """paired_deliveries' results as a frame: the result's host, d, seq, time, ekind,
+    a_str (letter), b_str (reason), and its start's as p_ekind, p_n, p_time, p_a_str
+    (channel), p_b_str (recipient), p_seq."""
     w = Window.partitionBy("host", "d").orderBy("seq")
     before = [F.lag(c).over(w).alias("p_" + c) for c in ("ekind", "n", "time", "a_str", "b_str",
                                                           "seq")]
-    rows = parsed.filter(F.col("ekind").isin("start", "result")) \
+    return parsed.filter(F.col("ekind").isin("start", "result")) \
         .select("host", "d", "seq", "time", "ekind", "a_str", "b_str", *before) \
         .filter((F.col("ekind") == "result") & (F.col("p_ekind") == "start"))
-    return rows.rdd.map(_paired_item)
 
 
 def _paired_item(r):
