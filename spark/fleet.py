@@ -57,7 +57,8 @@ from qmailpy_audit.messages import NOTICE, VIOLATION
 DEFAULT_SKEW = 300.0           # seconds two hosts' clocks may differ
 HEADER_GROWTH = 8192           # bytes a peer may add (Received:, its filters' headers)
 COPY_SIZE_SLACK = 64           # bytes two copies of one hand-off on one peer may differ
-COPY_MARGIN = 30.0             # seconds a copy's new msg may precede its attempt's start
+COPY_MARGIN = 2.0              # seconds a copy's new msg may precede its attempt's start
+#                                (the error of the pair's skew estimate: a hop's own delay)
 QMQP_BEFORE = 5.0              # seconds qmail-send's new msg may precede qmail-qmqpd's line
 FLEET_FINDING_KINDS = {
     "lost-between-hosts": VIOLATION,

@@ -110,16 +110,18 @@ def test_two_hand_offs_of_one_message_to_one_peer_are_branches_not_a_loop():
 def test_a_spare_message_of_another_size_or_queued_after_the_copy_is_no_duplicate():
     """A message of the same sender that b queued during a's deferred attempt, but of
     another size than the copy linked to the hand-off, is b's own: not a duplicate; so is
-    one of the same size queued after the linked copy (a copy comes from an earlier attempt)."""
+    one of the same size queued after the linked copy (a copy comes from an earlier attempt),
+    or over 2 s before the deferred attempt began."""
     occs = [_occ("a", 1, 0.0, 1), _occ("b", 11, 1.0, 7, size=3000),
-            _occ("b", 12, 60.0, 8, size=120), _occ("b", 13, 61.0, 9, size=120)]
+            _occ("b", 12, 60.0, 8, size=120), _occ("b", 13, 61.0, 9, size=120),
+            _occ("b", 14, -3.0, 5, size=120)]
     dls = [_dl("a", 1, 0.0, 0.5, 30.0, result="z", reason="Connection_died./"),
            _dl("a", 1, 0.0, 59.5, 60.5, reason=_said("10.0.0.2", 8)),
            _dl("b", 11, 1.0, 2, 3, channel="local"), _dl("b", 12, 60.0, 61, 62, channel="local"),
-           _dl("b", 13, 61.0, 62, 63, channel="local")]
+           _dl("b", 13, 61.0, 62, 63, channel="local"), _dl("b", 14, -3.0, -2, -1, channel="local")]
     f = fleet.Fleet(MAP, occs, dls, {"a", "b"}, {"a", "b"})
     assert f.findings == []
-    assert sorted(j["route"] for j in f.journeys) == ["a>b", "b", "b"]
+    assert sorted(j["route"] for j in f.journeys) == ["a>b", "b", "b", "b"]
 
 
 def test_latency_is_corrected_by_the_pairs_observed_skew():
