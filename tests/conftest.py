@@ -98,12 +98,24 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: left out of bin/test --quick (docs/testing.md \"Two tiers\")")
 
 
+# The longest test files, longest first (pytest --durations=0 of a whole run, summed per
+# file): bin/test's two processes (xdist --dist loadfile --no-loadscope-reorder) take files
+# in collection order, so these start first and the short ones fill in around them, instead
+# of one long file starting late and running on alone at the end.
+LONGEST_FILES = ("test_crash_states_dir_send.py", "test_audit.py", "test_audit_incremental.py",
+                 "test_audit_fleet.py", "test_crash_states_queue.py", "test_crash_states_send.py",
+                 "test_crash_states.py", "test_logqueue_records.py", "test_audit_fleet_queue.py",
+                 "test_audit_sql.py", "test_callers.py", "test_queue_commands.py")
+
+
 def pytest_collection_modifyitems(items):
     # A Spark session takes tens of seconds to start: a test that asks for one (its
     # fixture is named spark) is slow whether or not its module says so.
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))     # stable
 
 
 def pytest_generate_tests(metafunc):

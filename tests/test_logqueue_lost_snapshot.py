@@ -2,7 +2,7 @@
 PREPROCESSED torn by a power cut (an earlier unsynced append) while its START records,
 the REPLACEMENT that ends its local channel and the DELIVERY of its remote recipient
 after that were kept. Found by the crash-state explorer's full run (2 of 982 states of
-tests/test_crash_states.py::test_remote_deliveries): recovery ignored the STARTs,
+tests/test_crash_states_send.py::test_remote_deliveries): recovery ignored the STARTs,
 kept the checkpoint's ENVELOPE as not yet preprocessed, so qmail-send preprocessed the
 message again beside its live REPLACEMENT; remote was delivered twice at once and
 qmail-send stopped on `internal error in qmail-send: KeyError: 'remote'`. In one
