@@ -322,9 +322,13 @@ class Run:
             return None
         try:
             with open(os.path.join(self.out_dir, "summaries.json"), encoding="utf-8") as f:
-                return json.load(f)
+                summary = json.load(f)
         except (OSError, ValueError):
             return None
+        # A run killed after its commit, before its report, left the report of the run before
+        if (summary.get("incremental") or {}).get("run") != int(self.base["runs"][-1]):
+            return None
+        return summary
 
     def snapshot_times(self):
         return {h: list(t) for h, t in self.state["snapshots"].items()}
