@@ -99,7 +99,7 @@ def pytest_configure(config):
 
 
 # The longest test files, longest first (pytest --durations=0 of a whole run, summed per
-# file): bin/test's two processes (xdist --dist loadfile --no-loadscope-reorder) take files
+# file): bin/test's processes (xdist --dist loadfile --no-loadscope-reorder) take files
 # in collection order, so these start first and the short ones fill in around them, instead
 # of one long file starting late and running on alone at the end.
 LONGEST_FILES = ("test_crash_states_dir_send.py", "test_audit.py", "test_audit_incremental.py",
