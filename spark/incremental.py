@@ -160,15 +160,19 @@ class Run:
 
     # --- inputs ----------------------------------------------------------------------
 
-    def _match(self, f, head):
-        """The file record this input continues, or None."""
+    def _match(self, f, head, claimed):
+        """The file record this input continues, or None: of the records this run has not
+        given to another file, the one whose first bytes match most of head (a record of an
+        empty file, which would match any file, never does), on a tie the one of this path."""
         best = None
         for rec in self.state["files"]:
-            if rec["host"] != f.host or rec["kind"] != f.kind or rec["head_len"] > len(head):
+            if id(rec) in claimed or rec["host"] != f.host or rec["kind"] != f.kind \
+                    or not 0 < rec["head_len"] <= len(head):
                 continue
             if _hash(head[:rec["head_len"]]) != rec["hash"]:
                 continue
-            if best is None or rec["path"] == f.path:
+            if best is None or (rec["head_len"], rec["path"] == f.path) > \
+                    (best["head_len"], best["path"] == f.path):
                 best = rec
         return best
 
@@ -204,9 +208,15 @@ class Run:
         (kept from run to run), so seq orders one host's lines across runs."""
         from qmailpy_audit import inputs
         rdds = []
+        claimed = set()             # records given to a file this run: one file each
         for f in log_files:
             head, size = _head(sc, f)
-            rec = self._match(f, head)
+            if not head:
+                continue            # nothing written yet: known by its first bytes once it has some
+            rec = self._match(f, head, claimed)
+            if rec is not None and rec["offset"] is None and not f.gzip:
+                claimed.add(id(rec))
+                continue            # a plain copy of a compressed file read whole: its lines were read
             if rec is not None and not f.gzip and size < rec["offset"]:
                 rec = None          # shorter than what was read: a new file of the same start
             if rec is None:
@@ -218,6 +228,7 @@ class Run:
                 self.state["files"].append(rec)
             elif len(head) > rec["head_len"]:
                 rec["head_len"], rec["hash"] = len(head), _hash(head)
+            claimed.add(id(rec))
             rec["path"], rec["gzip"] = f.path, f.gzip
             self.paths[(f.host, rec["rank"])] = f.path
             host, rank, first = f.host, rec["rank"], rec["lines"]

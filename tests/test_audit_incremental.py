@@ -185,6 +185,34 @@ def test_a_report_older_than_the_state_is_made_again(spark, pieces, tmp_path):
     assert again.findings_by_kind == current["findings"]["by_kind"]
 
 
+def _record(path, head, **kw):
+    rec = {"host": "mx", "kind": "log", "path": path, "rank": 0, "offset": len(head),
+           "lines": head.count(b"\n"), "head_len": len(head), "hash": incremental._hash(head),
+           "gzip": False}
+    rec.update(kw)
+    return rec
+
+
+def test_a_file_record_is_continued_by_one_file_and_never_by_an_empty_start():
+    """Which earlier file a log file continues (no Spark): an empty file's record, whose
+    empty first bytes match anything, continues nothing; one record is given to one file
+    per run; of two records that match, the one that matches more of the file's start."""
+    class Shipped:
+        def __init__(self, path):
+            self.host, self.kind, self.path = "mx", "log", path
+
+    empty = _record("current", b"")
+    short = _record("old/current", b"@4000 new msg 1\n")
+    longer = _record("@1.s", b"@4000 new msg 1\n@4001 info msg 1\n")
+    run = incremental.Run.__new__(incremental.Run)
+    run.state = {"files": [empty, short, longer]}
+    head = b"@4000 new msg 1\n@4001 info msg 1\n@4002 end msg 1\n"
+    assert run._match(Shipped("current"), head, set()) is longer
+    assert run._match(Shipped("current"), head, {id(longer)}) is short
+    assert run._match(Shipped("current"), head, {id(longer), id(short)}) is None
+    assert run._match(Shipped("current"), b"@4100 new msg 2\n", set()) is None
+
+
 def test_a_damaged_state_is_bad_input_before_spark_starts(pieces, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(pieces["top"] / "pieces", out)
