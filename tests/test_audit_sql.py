@@ -109,21 +109,21 @@ def _fleet_inputs(tmp_path):
     b = tmp_path / "in" / "beta"
     a.mkdir(parents=True)
     b.mkdir(parents=True)
-    synthetic.generate(str(a / "current"), messages=400, seed=5, style="tai64n", host="alpha",
+    synthetic.generate(str(a / "current"), messages=200, seed=5, style="tai64n", host="alpha",
                        defects={"duplicate-delivery": 2, "illegal-transition": 1,
                                 "never-ended": 2, "vanished": 1, "failure-not-bounced": 1,
                                 "stale-leftover": 1},
                        snapshot_path=str(a / "snapshot"))
-    synthetic.generate(str(b / "old"), messages=300, seed=6, style="journald", host="beta",
+    synthetic.generate(str(b / "old"), messages=150, seed=6, style="journald", host="beta",
                        defects={"delivery-after-end": 1, "past-lifetime": 1},
                        start=1794990000.0, expired=2)
-    synthetic.generate(str(b / "current"), messages=300, seed=7, style="iso", host="beta",
+    synthetic.generate(str(b / "current"), messages=150, seed=7, style="iso", host="beta",
                        start=1795000000.0)
     with open(a / "current", "a") as f:
         f.write("-- Reboot --\n@400000006af5f1a2 delivery 77: succ\nsomething else\n\n"
                 "end msg 5\n")
     epoch = tmp_path / "epoch.log"
-    synthetic.generate(str(epoch), messages=100, seed=8, style="epoch", host="gamma")
+    synthetic.generate(str(epoch), messages=50, seed=8, style="epoch", host="gamma")
     with open(epoch, "rb") as f:
         data = gzip.compress(f.read() + b"1795009999.000002 new msg\n")
     (tmp_path / "in" / "gamma").mkdir()
@@ -160,14 +160,14 @@ def _shapes_inputs(tmp_path):
     inputs = _fleet_inputs(tmp_path)
     delta = tmp_path / "delta"
     delta.mkdir()
-    synthetic.generate(str(delta / "current"), messages=400, seed=9, style="tai64n",
+    synthetic.generate(str(delta / "current"), messages=200, seed=9, style="tai64n",
                        host="delta", start=1795100000.0, expired=3,
                        defects={"vanished": 2, "unlogged": 1, "snapshot-illegal": 1,
                                 "files-disagree": 1, "duplicate-delivery": 1,
                                 "failure-not-bounced": 1, "never-ended": 1},
                        snapshot_path=str(delta / "snapshot"))
     inputs.append("delta=%s" % delta)
-    synthetic.generate_fleet(str(tmp_path / "fleet"), hosts=3, messages=150, seed=3)
+    synthetic.generate_fleet(str(tmp_path / "fleet"), hosts=3, messages=80, seed=3)
     inputs += [str(p) for p in sorted((tmp_path / "fleet").iterdir())]
     for path in (EPOCH, TAI64N):
         if path is not None:
