@@ -228,6 +228,22 @@ def test_a_tcp_clients_message_is_logged_with_its_address_and_qp(qmail_home):
     assert len(queued(qmail_home)) == 2
 
 
+def test_an_ipv4_client_of_a_dual_stack_listener_is_logged_by_its_ipv4_address(qmail_home):
+    """On [::] an IPv4 client's address is ::ffff:127.0.0.1; the line names 127.0.0.1, as
+    the fleet MAP (and tcpserver) name it."""
+    from qmailpy import logline
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    qmail_home.control("qmqpclients", "127.0.0.1:allow\n")
+    with QmqpServer(qmail_home, "--tcp", "[::]:0") as server:
+        answer = ask(("127.0.0.1", server.tcp[1]), GOOD)
+        assert server.stop() == 0
+    assert answer.startswith(b"Kok "), answer
+    qp = int(answer.split()[-1])
+    assert [line for line in server.stderr.splitlines() if b"qmqp from" in line] == \
+        [logline.qmqp_from("127.0.0.1", qp).rstrip(b"\n")]
+
+
 def test_a_socket_from_systemd_is_used_instead_of_binding(qmail_home, tmp_path):
     if AS_ROOT:
         os.chmod(tmp_path, 0o755)

@@ -289,8 +289,9 @@ def log_tcp_client(conn, qp):
     written before the answer: whenever a client can have read K, the line is there. A null
     client keeps no log; this is what links its message to it (qmail-qmqpd(8) "LOG")."""
     from qmailpy.logline import qmqp_from
+    from qmailpy.util.ipaddr import unmapped
     try:
-        address = conn.getpeername()[0]
+        address = unmapped(conn.getpeername()[0])   # as the MAP names it on a dual-stack socket
     except OSError:
         address = "unknown"
     try:

@@ -8,13 +8,7 @@ client with PROTO=TCP6 and the TCP6* variables too.
 """
 import socket
 
-
-def unmapped(ip):
-    """An IPv4 client of a dual-stack socket (ListenStream=25) as tcpserver names it:
-    ::ffff:192.0.2.7 -> 192.0.2.7."""
-    if ip.lower().startswith("::ffff:") and "." in ip:
-        return ip[7:]
-    return ip
+from qmailpy.util.ipaddr import unmapped  # noqa: F401  (listener, tcp-env)
 
 
 def complete(environ, fd=0):
