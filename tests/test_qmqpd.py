@@ -366,3 +366,33 @@ def test_the_request_parser_reads_the_same_in_any_pieces(data):
         assert whole == R_SYNTAX
     assert parse_request(data, 1) == whole
     assert parse_request(data, 3) == whole
+
+
+def test_qmailctl_start_qmqp_refuses_a_queue_server_running_without_that_address(qmail_home):
+    """qmailctl start --qmqp ADDRESS while qmail-qmqpd runs without answering there: not
+    "already running" and 0 (the administrator would believe the hub answers QMQP), but
+    why, and 1; the same address again is already running."""
+    from ctl_support import ctl, free_port
+    port = free_port()
+    here = "127.0.0.1:%d" % port
+    try:
+        assert ctl(qmail_home, "start").returncode == 0
+        hub = ctl(qmail_home, "start", "--qmqp", here)
+        assert hub.returncode == 1, hub
+        assert ("qmailctl: qmail-qmqpd already running (pid %d), but not with --tcp %s: run "
+                "qmailctl stop first\n" % (_pid(qmail_home), here)).encode() in hub.stderr
+        assert b"qmail-send already running" in hub.stdout
+        assert ctl(qmail_home, "stop").returncode == 0
+        assert ctl(qmail_home, "start", "--qmqp", here).returncode == 0
+        again = ctl(qmail_home, "start", "--qmqp", here)
+        assert again.returncode == 0 and b"qmail-qmqpd already running" in again.stdout, again
+        plain = ctl(qmail_home, "start")         # a hub stays a hub: nothing asked of it is missing
+        assert plain.returncode == 0 and b"qmail-qmqpd already running" in plain.stdout, plain
+        socket.create_connection(("127.0.0.1", port), timeout=30).close()
+    finally:
+        ctl(qmail_home, "stop")
+
+
+def _pid(home):
+    with open(os.path.join(home.path, "log", "qmail-qmqpd.pid")) as f:
+        return int(f.read())

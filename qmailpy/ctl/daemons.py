@@ -491,9 +491,16 @@ def _start_missing(home, logdir, args):
         wanted.append((SUBMISSION, dict(env, SMTPAUTH="!"), ["qmail-smtpd-listen", args.submission]))
     running = find_all(home)
     started = []
+    refused = False
     for daemon, daemon_env, argv in wanted:
         proc = running[daemon]
         if proc is not None:
+            listener = daemon is QMQPD or daemon.submission is not None
+            if listener and not _runs_with(proc, argv[1:]):
+                print("qmailctl: %s already running (pid %d), but not with %s: run qmailctl stop"
+                      " first" % (daemon.label, proc.pid, " ".join(argv[1:])), file=sys.stderr)
+                refused = True
+                continue
             print("%s already running (pid %d)" % (daemon.label, proc.pid))
             if _read_pid(home, daemon.pidname) != proc.pid:
                 _restore_pid(logdir, daemon, proc.pid)
@@ -506,7 +513,20 @@ def _start_missing(home, logdir, args):
         where = " on %s" % argv[1] if daemon.submission is not None else ""
         print("%s started%s (pid %d), log %s" % (daemon.program, where, proc.pid,
                                                  os.path.join(logdir, daemon.logname)))
-    return 0
+    return 1 if refused else 0
+
+
+def _runs_with(proc, wanted_args):
+    """Whether a running listener's command line ends with the arguments a start asks for
+    (its address, qmail-qmqpd's --tcp): one already listening elsewhere is not it."""
+    import psutil
+    if not wanted_args:
+        return True
+    try:
+        cmdline = proc.cmdline()
+    except psutil.Error:
+        return True             # gone or unreadable: the start's other checks say so
+    return cmdline[-len(wanted_args):] == list(wanted_args)
 
 
 def _restore_pid(logdir, daemon, pid):
