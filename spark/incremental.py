@@ -23,14 +23,16 @@ lines are read; a partial last line waits for the next run. A snapshot file is r
 
 A run writes its directory and commits by replacing state.json; a run killed before that
 leaves a directory state.json does not name, which the next run removes, reading again
-what the killed run had read. A state whose files are missing or not the size recorded
-is StateError (bad input: the administrator starts over with --full).
+what the killed run had read. Every file and directory of the run is fsynced before the
+rename and OUT after it, so a power cut never leaves a state naming what the disk lost.
+A state whose files are missing or not the size recorded is StateError (bad input: the
+administrator starts over with --full). One run at a time holds OUT/lock (lock()).
 """
+import fcntl
 import hashlib
 import json
 import os
 import shutil
-import signal
 
 STATE = "state.json"
 RUNS = "runs"
@@ -38,12 +40,49 @@ HEAD_BYTES = 512            # bytes hashed to know a file again (decompressed fo
 TABLES = {"occ": "messages", "tr": "transitions", "m": "qmailanalog_m", "d": "deliveries",
           "f": "findings"}
 EXAMPLES_KEPT = 20          # bad-input examples per kind carried from run to run
-KILL_HOOK = "QMAILPY_AUDIT_TEST_KILL_BEFORE_COMMIT"   # tests: SIGKILL before the commit
+LOCK = "lock"               # flocked by the run in OUT; holds its pid
 FORMAT = 1
 
 
 class StateError(Exception):
     """The state in OUT cannot be used: nothing is read, nothing is counted."""
+
+
+class Busy(Exception):
+    """Another run holds OUT's lock."""
+
+
+def lock(out_dir):
+    """The descriptor of OUT/lock, flocked for this process's run (released when it is
+    closed or the process ends, killed or not), or Busy naming the pid holding it."""
+    os.makedirs(out_dir, exist_ok=True)
+    fd = os.open(os.path.join(out_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        raise Busy("%s is in use by another run%s" % (
+            out_dir, " (pid %s)" % holder if holder.isdigit() else ""))
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, b"%d\n" % os.getpid(), 0)
+    return fd
+
+
+def _sync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(top):
+    """fsync every file and directory at or below top (a directory's entries with it)."""
+    for root, _dirs, names in os.walk(top):
+        for name in names:
+            _sync(os.path.join(root, name))
+        _sync(root)
 
 
 def _empty():
@@ -356,7 +395,7 @@ class Run:
             lambda r: ((r[0], r[1]), _item(json.loads(r[2]))))
 
     def write_run(self, spark, final_frames, open_frames, carried, pending, schemas):
-        """Write this run's tables, then commit it by replacing state.json."""
+        """Write this run's tables, then commit it."""
         for part, frames in (("final", final_frames), ("open", open_frames)):
             for tag, name in TABLES.items():
                 frames[tag].write.mode("overwrite").parquet(
@@ -366,6 +405,12 @@ class Run:
             "host string, n long, item string")
         carried_df.write.mode("overwrite").parquet(_uri(os.path.join(self.dir,
                                                                      "carried.parquet")))
+        self.commit(pending)
+
+    def commit(self, pending):
+        """Replace state.json by this run's state, naming the files in runs/NAME: they and
+        their directories reach the disk before the rename, the rename right after it.
+        A crash at any point leaves the state before or this one, whole."""
         os.makedirs(self.out_dir, exist_ok=True)
         state = self.state
         state["pending_starts"] = [list(e) for e in pending]
@@ -375,14 +420,16 @@ class Run:
                  if (os.sep + "final" + os.sep) in rel}     # the open ones are replaced
         sizes.update(_file_sizes(self.out_dir, self.name))
         state["sizes"] = sizes
-        if os.environ.get(KILL_HOOK):
-            os.kill(os.getpid(), signal.SIGKILL)
+        _sync_tree(self.dir)
+        _sync(os.path.dirname(self.dir))        # runs/: this run's entry
+        _sync(self.out_dir)                     # OUT: runs/ itself, on the first run
         tmp = os.path.join(self.out_dir, STATE + ".new")
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(state, f, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, os.path.join(self.out_dir, STATE))
+        _sync(self.out_dir)                     # the rename: the commit itself
         self._drop_old_open()
         self._remove_runs(state["runs"])       # after --full: the runs it replaced
 

@@ -3,12 +3,14 @@
 A log audited piece by piece - cut mid-line and mid-message, bytes appended, the file
 rotated by multilog - and a fleet audited twice must give the summaries.json and the
 findings of one run over everything; a run SIGKILLed before its commit is redone by the
-next without counting anything twice; a damaged state is bad input, told before Spark
+next without counting anything twice; a commit fsyncs what it names before its rename; a
+second run on the same OUT is refused; a damaged state is bad input, told before Spark
 starts; a run with nothing new changes nothing.
 """
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -234,6 +236,72 @@ def test_a_damaged_state_is_bad_input_before_spark_starts(pieces, tmp_path):
     assert done.returncode == 2 and "is unreadable" in done.stderr, done.stderr
 
 
+COMMIT = """
+import sys
+from qmailpy_audit import incremental
+run = incremental.Run(sys.argv[1])
+incremental.shutil.copytree(sys.argv[2], run.dir)     # a run's tables, as Spark wrote them
+run.commit([])
+"""
+
+
+@pytest.mark.skipif(not shutil.which("strace"), reason="strace is not installed")
+def test_a_commit_syncs_what_it_names_before_its_rename_and_the_rename_after(pieces, tmp_path):
+    """The fsyncs and the rename of a commit (strace, no Spark in the traced process): every
+    file state.json names for the run, each directory from it up to OUT, and state.json.new
+    before the rename; OUT after it. Else a power cut could keep a state naming lost files."""
+    out = tmp_path / "out"
+    shutil.copytree(pieces["top"] / "pieces", out)
+    trace = tmp_path / "trace"
+    done = subprocess.run(["strace", "-qq", "-y", "-o", str(trace), "-e",
+                           "trace=fsync,fdatasync,rename,renameat,renameat2", sys.executable,
+                           "-c", COMMIT, str(out), str(out / incremental.RUNS / "000003")],
+                          capture_output=True, text=True, timeout=120)
+    if "ptrace" in done.stderr:
+        pytest.skip("strace cannot trace here: %s" % done.stderr)
+    assert done.returncode == 0, done.stderr
+    top = os.path.realpath(out)
+    state_path = os.path.join(top, incremental.STATE)
+    calls = []
+    for line in trace.read_text().splitlines():
+        m = re.match(r'f(?:data)?sync\(\d+<(.*)>\)\s+= 0$', line)
+        if m:
+            calls.append(("sync", m.group(1)))
+        elif re.match(r'rename(?:at2?)?\(.*/%s"' % re.escape(incremental.STATE), line):
+            calls.append(("rename", line))
+    renames = [i for i, c in enumerate(calls) if c[0] == "rename"]
+    assert len(renames) == 1 and "= 0" in calls[renames[0]][1], calls
+    before = {p for kind, p in calls[:renames[0]] if kind == "sync"}
+    after = {p for kind, p in calls[renames[0]:] if kind == "sync"}
+    with open(state_path) as f:
+        named = [rel for rel in json.load(f)["sizes"] if rel.startswith("runs/000004/")]
+    assert any("/final/" in rel for rel in named) and any("carried" in rel for rel in named)
+    needed = {state_path + ".new"}
+    for rel in named:
+        path = os.path.join(top, rel)
+        while path != os.path.dirname(top):
+            needed.add(path)
+            path = os.path.dirname(path)
+    assert needed - before == set()
+    assert top in after
+
+
+def test_a_second_run_on_the_same_out_is_refused(tmp_path):
+    """While a run holds OUT's lock another exits 2, saying so, before Spark starts; the
+    holder's pid is named. A cron job overlapping the last run's tail skips its turn."""
+    out = tmp_path / "out"
+    held = incremental.lock(str(out))
+    try:
+        done = subprocess.run([AUDIT, "--incremental", "--out", str(out), str(tmp_path / "in")],
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        os.close(held)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == "qmail-audit: %s is in use by another run (pid %d); nothing was read " \
+        "or counted\n" % (out, os.getpid())
+    assert sorted(os.listdir(out)) == [incremental.LOCK]
+
+
 # --- a fleet, twice; a run killed before its commit ------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -274,21 +342,30 @@ def test_a_fleet_audited_twice_equals_once(fleet_runs):
         + fleet_runs["second"].summary["incremental"]["lines_read"] == fleet_runs["lines"]
 
 
+@pytest.mark.skipif(not shutil.which("strace"), reason="strace is not installed")
 def test_a_run_killed_before_its_commit_is_redone(spark, fleet_runs):
+    """SIGKILLed by strace as it opens state.json.new, its tables written and synced."""
     top = fleet_runs["top"]
     out = top / "after-first"
     state_before = (out / incremental.STATE).read_bytes()
-    env = dict(os.environ, **{incremental.KILL_HOOK: "1"})
-    killed = subprocess.run([AUDIT, "--incremental", "--master", "local[2]", "--driver-memory",
+    trace = top / "killed.trace"
+    killed = subprocess.run(["strace", "-qq", "-o", str(trace), "-P",
+                             str(out / (incremental.STATE + ".new")), "-e", "trace=openat",
+                             "-e", "inject=openat:signal=KILL",
+                             AUDIT, "--incremental", "--master", "local[2]", "--driver-memory",
                              "1g", "--queuelifetime", str(synthetic.LIFETIME),
                              "--lifetime-slack", str(synthetic.SLACK),
                              "--fleet", str(fleet_runs["map"]), "--out", str(out),
                              fleet_runs["inputs"]],
-                            env=env, capture_output=True, text=True, timeout=1800)
+                            capture_output=True, text=True, timeout=1800)
+    if "ptrace" in killed.stderr:
+        pytest.skip("strace cannot trace here: %s" % killed.stderr)
     assert killed.returncode == -9, killed.stderr
-    # its tables were written; the state still names the first run alone
+    assert trace.read_text().endswith("+++ killed by SIGKILL +++\n")
+    # its tables were written; the state still names the first run alone; no lock is left
     assert (out / incremental.RUNS / "000002" / "carried.parquet").is_dir()
     assert (out / incremental.STATE).read_bytes() == state_before
+    os.close(incremental.lock(str(out)))
     redone = audit(spark, [fleet_runs["inputs"]], out, fleet_map=fleet_runs["fleet_map"])
     assert redone.summary["incremental"]["run"] == 2
     assert redone.summary["incremental"]["lines_read"] \

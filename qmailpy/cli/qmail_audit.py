@@ -103,6 +103,28 @@ def main(argv=None, use_existing_master=False):
         print("qmail-audit: --incremental keeps its state in Parquet: not with --no-parquet",
               file=sys.stderr)
         return 2
+    if not args.incremental:
+        return _audit(args, host_map, fleet_map, where, use_existing_master)
+    from qmailpy_audit.incremental import Busy, lock
+    if "://" in args.out:
+        print("qmail-audit: --incremental keeps its state in a directory: --out %s is a URI"
+              % args.out, file=sys.stderr)
+        return 2
+    try:
+        held = lock(args.out)               # one run at a time; told before Spark starts
+    except Busy as e:
+        print("qmail-audit: %s; nothing was read or counted" % e, file=sys.stderr)
+        return 2
+    except OSError as e:
+        print("qmail-audit: cannot lock %s: %s" % (args.out, e.strerror), file=sys.stderr)
+        return 2
+    try:
+        return _audit(args, host_map, fleet_map, where, use_existing_master)
+    finally:
+        os.close(held)
+
+
+def _audit(args, host_map, fleet_map, where, use_existing_master):
     from qmailpy_audit.incremental import StateError, load
     if args.incremental:
         try:
