@@ -57,6 +57,38 @@ def test_a_child_seen_before_its_parents_clone_returns_keeps_its_files(tmp_path)
     assert cs.not_durable(rec.ops, 3) == [0]          # the name needs its directory's sync
 
 
+def test_a_state_materialised_over_another_is_the_same_disk(explorer_base):
+    """Explorer.check writes each state over the one before, as its recovery left it,
+    keeping the directories (cs.materialise keep_dirs). For every 6th state of a
+    qmail-queue run that makes queue/log (states with and without the directory), after a recovery's
+    kind of changes (files added, rewritten, linked, chmod'ed; a directory added; a kept
+    directory's mode changed), the disk is the one a materialisation from nothing makes
+    (disk_image: every entry's type, mode, owner, contents, hard links, modelled times)."""
+    ex = Explorer(explorer_base, "log")
+    shutil.rmtree(os.path.join(ex.home.queue, "log"))
+    rec = ex.record_queue_runs([[("m1", RCPTS)]])
+    found = cs.states(rec, single_keeps=True)[::6]     # each costs a fresh materialisation
+    assert any("queue/log" not in tree.dirs for _, tree in found) and any("queue/log" in tree.dirs for _, tree in found)
+    for n, (state, tree) in enumerate(found):
+        cs.materialise(tree, ex.roots, ex.owner_of)
+        fresh = disk_image(ex.roots, tree)
+        cs.materialise(found[n - 1][1], ex.roots, ex.owner_of, keep_dirs=True)
+        # what a recovery may do to the state before
+        queue = ex.home.queue
+        with open(os.path.join(queue, "todo", "999"), "wb") as f:
+            f.write(b"left by a recovery")
+        os.makedirs(os.path.join(queue, "made", "deeper"))
+        os.chmod(os.path.join(queue, "todo"), 0o777)
+        for path in [os.path.join(d, f) for d, _, fs in os.walk(queue) for f in fs if "lock" not in d][:3]:
+            os.chmod(path, 0o604)
+            os.link(path, path + ".also")
+            with open(path, "ab") as f:
+                f.write(b"appended")
+        cs.materialise(tree, ex.roots, ex.owner_of, keep_dirs=True)
+        assert disk_image(ex.roots, tree) == fresh, state.describe(rec)
+    print("states materialised over another: %d, each the same disk" % len(found))
+
+
 def test_log_checkpoint_across_a_finish(explorer_base):
     """A checkpoint lists message M in flight; M finishes in the next segment, which a
     later checkpoint deletes with M's body (tests/checkpoint_scenario.py). Every crash
