@@ -7,6 +7,8 @@ qshape(1) counts it (bytes likewise); a message with none pending (a leftover, o
 only waiting for qmail-clean) counts under the domain null. Its age is the snapshot's
 time minus its birth (the mtime of info; before preprocessing, of mess).
 """
+import heapq
+
 from pyspark.sql import types as T
 
 OLDEST = 20                    # messages in the fleet-wide oldest list
@@ -94,6 +96,30 @@ def message_items(rec, taken):
             (1, len(pending(rec)), rec.get("size") or 0))
 
 
+def _oldest_key(tr):
+    return since(tr[1]), tr[1]["host"], tr[1]["n"]
+
+
+def _merge(sums, more):
+    for key, value in more.items():
+        sums[key] = _add(sums[key], value) if key in sums else value
+
+
+def _partial(pairs, oldest):
+    """(table items, message totals, its `oldest` oldest (taken, record)) of one partition
+    of (taken, record): one pass, and one Spark job for the three."""
+    items, totals, dated = {}, {}, []
+    for taken, rec in pairs:
+        _merge(items, dict(table_items(rec, taken)))
+        key, value = message_items(rec, taken)
+        _merge(totals, {key: value})
+        if since(rec) is not None:
+            dated.append((taken, rec))
+            if len(dated) > oldest + 10000:         # a partition's records need not fit
+                dated = heapq.nsmallest(oldest, dated, key=_oldest_key)
+    return items, totals, heapq.nsmallest(oldest, dated, key=_oldest_key)
+
+
 class FleetQueue:
     """The fleet queue over the latest snapshot of each host (computed on Spark)."""
 
@@ -107,15 +133,16 @@ class FleetQueue:
         self.rows, self.totals, self.oldest = [], [], []
         if self.records is None:
             return
-        items = self.records.flatMap(lambda tr: table_items(tr[1], tr[0])).reduceByKey(_add)
-        self.rows = sorted((k + v for k, v in items.collect()),
+        items, totals, first = {}, {}, []
+        for part in self.records.mapPartitions(lambda it: [_partial(it, oldest)]).collect():
+            _merge(items, part[0])
+            _merge(totals, part[1])
+            first += part[2]
+        self.rows = sorted((k + v for k, v in items.items()),
                            key=lambda r: (r[0], r[1] is None, r[1] or "",
                                           AGE_ORDER.index(r[2]), r[3]))
-        self.totals = self.records.map(lambda tr: message_items(tr[1], tr[0])) \
-            .reduceByKey(_add).collect()
-        self.oldest = [entry(r, t) for t, r in self.records.filter(
-            lambda tr: since(tr[1]) is not None).takeOrdered(
-                oldest, key=lambda tr: (since(tr[1]), tr[1]["host"], tr[1]["n"]))]
+        self.totals = list(totals.items())
+        self.oldest = [entry(r, t) for t, r in heapq.nsmallest(oldest, first, key=_oldest_key)]
 
     def find(self, predicate):
         """entry() of every message record for which predicate(record) holds."""

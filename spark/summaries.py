@@ -37,11 +37,26 @@ def _row(r):
 
 def _delivery_groups(d):
     """One pass over the d lines: per (channel, result) counts, delays and time bounds."""
-    return [r.asDict() for r in d.groupBy("channel", "result").agg(
+    return d.groupBy("channel", "result").agg(
         F.count(F.lit(1)).alias("count"),
         F.sum(F.col("ddone") - F.col("birth")).alias("ddelay"),
         F.sum(F.col("ddone") - F.col("dstart")).alias("xdelay"),
-        F.min("birth").alias("first"), F.max("ddone").alias("last")).collect()]
+        F.min("birth").alias("first"), F.max("ddone").alias("last"))
+
+
+def _collect_together(parts):
+    """{name: [Row]} of several small DataFrames {name: DataFrame} in one Spark job: each
+    runs as it would alone (same plan, same row order), a row holding its part's struct.
+    Many small jobs cost the audit more than their work (scheduling, planning, stages)."""
+    merged = None
+    for name, df in parts.items():
+        tagged = df.select(F.lit(name).alias("part"), F.struct(*df.columns).alias(name))
+        merged = tagged if merged is None else merged.unionByName(tagged,
+                                                                  allowMissingColumns=True)
+    out = {name: [] for name in parts}
+    for r in merged.collect():
+        out[r["part"]].append(r[r["part"]])
+    return out
 
 
 def _message_totals(m):
@@ -54,7 +69,7 @@ def _message_totals(m):
         F.sum(F.col("done") - F.col("birth")).alias("qtime"),
         F.min("birth").alias("first"), F.max("done").alias("last"),
         F.max(F.col("done") - F.col("birth")).alias("qtime_max"),
-        F.expr("percentile(done - birth, array(0.5, 0.9, 0.99))").alias("qtime_p")).first()
+        F.expr("percentile(done - birth, array(0.5, 0.9, 0.99))").alias("qtime_p"))
 
 
 def qmailanalog(mr, groups):
@@ -191,13 +206,8 @@ def tables(frames):
             "per_host": per_host}
 
 
-RESTORED_SHOWN = 1000       # messages restored after log damage, listed in full up to this
-
-
-def compute(frames, line_counts):
-    """(summary dict, summary DataFrames) of the audit."""
-    occ, d, m, f = frames["occ"], frames["d"], frames["m"], frames["f"]
-    o = occ.agg(
+def _occ_totals(occ):
+    return occ.agg(
         F.count(F.lit(1)).alias("messages"),
         F.countDistinct("host", "n").alias("numbers"),
         F.sum(F.when(F.col("ended"), 1).otherwise(0)).alias("ended"),
@@ -205,16 +215,11 @@ def compute(frames, line_counts):
         F.sum("bounced").alias("bounces"), F.sum("triple").alias("triple_bounces"),
         F.min("birth").alias("t0"),
         F.max(F.greatest(F.col("birth"), F.coalesce(F.col("end_time"), F.col("birth"))))
-        .alias("t1")).first()
-    groups = _delivery_groups(d)
-    channels = {}
-    for g in groups:
-        c = channels.setdefault(g["channel"], {"attempts": 0, "success": 0, "failure": 0,
-                                               "deferral": 0})
-        c["attempts"] += g["count"]
-        c[{"k": "success", "d": "failure", "z": "deferral"}[g["result"]]] += g["count"]
-    mr = _message_totals(m)
-    dr = d.agg(
+        .alias("t1"))
+
+
+def _delivery_totals(d):
+    return d.agg(
         F.count(F.when(F.col("result") == "k", 1)).alias("k"),
         F.avg(F.when(F.col("result") == "k", F.col("ddone") - F.col("birth"))).alias("dd_avg"),
         F.max(F.when(F.col("result") == "k", F.col("ddone") - F.col("birth"))).alias("dd_max"),
@@ -223,16 +228,41 @@ def compute(frames, line_counts):
         F.count(F.lit(1)).alias("x"),
         F.avg(F.col("ddone") - F.col("dstart")).alias("x_avg"),
         F.max(F.col("ddone") - F.col("dstart")).alias("x_max"),
-        F.expr("percentile(ddone - dstart, array(0.5, 0.9, 0.99))").alias("x_p")).first()
+        F.expr("percentile(ddone - dstart, array(0.5, 0.9, 0.99))").alias("x_p"))
+
+
+RESTORED_SHOWN = 1000       # messages restored after log damage, listed in full up to this
+
+
+def compute(frames, line_counts):
+    """(summary dict, summary DataFrames) of the audit."""
+    occ, d, m, f = frames["occ"], frames["d"], frames["m"], frames["f"]
+    tabs = tables(frames)
+    order = {"per_domain": F.desc("attempts"), "per_sender": F.desc("messages"),
+             "per_hour": F.asc("hour"), "per_host": F.asc("host")}
+    parts = {"o": _occ_totals(occ), "groups": _delivery_groups(d), "mr": _message_totals(m),
+             "dr": _delivery_totals(d), "fk": f.groupBy("kind", "severity").count(),
+             "examples": f.orderBy(F.col("severity") != "violation", "host", "n", "time")
+             .limit(250),
+             "restored": f.filter(F.col("kind") == "restored-after-damage")
+             .orderBy("host", "n", "time").limit(RESTORED_SHOWN)}
+    parts.update((name, df.orderBy(order[name]).limit(TOP)) for name, df in tabs.items())
+    got = _collect_together(parts)
+    (o,), (mr,), (dr,) = got["o"], got["mr"], got["dr"]
+    groups = [r.asDict() for r in got["groups"]]
+    channels = {}
+    for g in groups:
+        c = channels.setdefault(g["channel"], {"attempts": 0, "success": 0, "failure": 0,
+                                               "deferral": 0})
+        c["attempts"] += g["count"]
+        c[{"k": "success", "d": "failure", "z": "deferral"}[g["result"]]] += g["count"]
     delays = {"ddelay": _stats(dr["k"], dr["dd_avg"], dr["dd_max"], dr["dd_p"]),
               "xdelay": _stats(dr["x"], dr["x_avg"], dr["x_max"], dr["x_p"]),
               "qtime": _stats(mr["messages"], mr["qtime"] / mr["messages"] if mr["messages"]
                               else None, mr["qtime_max"], mr["qtime_p"])}
-    fk = {r["kind"]: {"count": r["count"], "severity": r["severity"]}
-          for r in f.groupBy("kind", "severity").count().collect()}
+    fk = {r["kind"]: {"count": r["count"], "severity": r["severity"]} for r in got["fk"]}
     violations = sum(v["count"] for v in fk.values() if v["severity"] == "violation")
-    examples = [_row(r) for r in f.orderBy(F.col("severity") != "violation", "host", "n", "time")
-                .limit(250).collect()]
+    examples = [_row(r) for r in got["examples"]]
     summary = {
         "log": {"lines": sum(v for k, v in line_counts.items() if ":" not in k),
                 "by_kind": dict(sorted((k, v) for k, v in line_counts.items() if ":" not in k)),
@@ -253,21 +283,19 @@ def compute(frames, line_counts):
                                             if e["severity"] == "violation"][:200],
                      "notice_examples": [e for e in examples
                                          if e["severity"] != "violation"][:50],
-                     "restored": [_row(r) for r in f.filter(F.col("kind") == "restored-after-damage")
-                                  .orderBy("host", "n", "time").limit(RESTORED_SHOWN)
-                                  .collect()]},
+                     "restored": [_row(r) for r in got["restored"]]},
     }
-    tabs = tables(frames)
-    order = {"per_domain": F.desc("attempts"), "per_sender": F.desc("messages"),
-             "per_hour": F.asc("hour"), "per_host": F.asc("host")}
-    for name, df in tabs.items():
-        summary[name] = [_row(r) for r in df.orderBy(order[name]).limit(TOP).collect()]
+    for name in tabs:
+        summary[name] = [_row(r) for r in got[name]]
     return summary, tabs
 
 
 def plot_data(frames, summary, points=120):
     """Small series for the report's plots, computed in Spark and collected."""
     occ, d = frames["occ"], frames["d"]
+    parts = {"hist": d.filter(F.col("result") == "k")
+             .select(F.floor(F.log10(F.greatest(F.col("ddone") - F.col("birth"), F.lit(0.01))) * 4)
+                     .alias("bin")).groupBy("bin").count()}
     queue = []
     t0, t1 = summary["messages"]["first_birth"], summary["messages"]["last_event"]
     if t0 is not None:
@@ -277,15 +305,15 @@ def plot_data(frames, summary, points=120):
         moves = occ.select(bucket("birth").alias("b"), F.lit(1).alias("v")).union(
             occ.filter(F.col("ended")).select(bucket("end_time").alias("b"),
                                               F.lit(-1).alias("v")))
-        change = dict((r["b"], r["s"]) for r in moves.groupBy("b").agg(F.sum("v").alias("s"))
-                      .collect())
+        parts["change"] = moves.groupBy("b").agg(F.sum("v").alias("s"))
+    got = _collect_together(parts)
+    hist = got["hist"]
+    if t0 is not None:
+        change = dict((r["b"], r["s"]) for r in got["change"])
         size = 0
         for b in range(points):
             size += change.get(b, 0)
             queue.append((t0 + (b + 1) * width, size))
-    hist = d.filter(F.col("result") == "k") \
-        .select(F.floor(F.log10(F.greatest(F.col("ddone") - F.col("birth"), F.lit(0.01))) * 4)
-                .alias("bin")).groupBy("bin").count().collect()
     delay_hist = sorted((r["bin"] / 4.0, r["count"]) for r in hist)
     domains = sorted(summary["per_domain"], key=lambda r: -(r["deferral"] + r["failure"]))
     domains = [(r["domain"], r["deferral"], r["failure"]) for r in domains
