@@ -68,11 +68,23 @@ def _group(column, regex, name_or_number):
     return F.regexp_extract(column, regex, name_or_number)
 
 
+def literal_start(regex):
+    """The literal characters a Java regex from java_regex() must begin with."""
+    body = regex[len("(?s)^"):]
+    start = re.match(r"[^\\.^$*+?{}\[\]|()]*", body).group(0)
+    if start and body[len(start):len(start) + 1] in ("*", "+", "?", "{"):
+        start = start[:-1]              # the quantifier makes its last character optional
+    return start
+
+
 def _kind_of(text):
-    """logline's kind of a prefix-free text, or None: the first pattern that matches."""
+    """logline's kind of a prefix-free text, or None: the first pattern that matches.
+
+    Each pattern is tried only on texts that begin with its literal start: a string
+    comparison, where a regular expression that fails is tried at every position."""
     expr = None
     for kind, regex, _ in PATTERNS:
-        cond = text.rlike(regex)
+        cond = text.startswith(literal_start(regex)) & text.rlike(regex)
         expr = F.when(cond, F.lit(kind)) if expr is None else expr.when(cond, F.lit(kind))
     return expr
 
@@ -242,9 +254,13 @@ def read(spark, files, gzip_text):
     """Parsed lines (lines()) of log files, rank = position in files, persisted.
 
     A plain file is read by Spark's text source, one frame per file, so a line's
-    index is its partition << PART_SHIFT | its row in the partition (partitions of
-    one file are its splits in order). gzip_text(f) gives (index, line) of a gzip
-    file, which is read whole (gzip cannot be split) by Python."""
+    index is its partition << PART_SHIFT | its row in the partition; the partitions are
+    numbered over the union of all the files (a file's splits in order, one after
+    another), which line_index() reads back. The index is given after the union: a
+    nondeterministic column there keeps Spark from pushing lines()'s projection into
+    each file's branch (with 20 hosts' logs, the driver spent minutes generating and
+    compiling 20 copies of its code). gzip_text(f) gives (index, line) of a gzip file,
+    which is read whole (gzip cannot be split) by Python."""
     frames = []
     for rank, f in enumerate(files):
         if f.gzip:
@@ -252,19 +268,19 @@ def read(spark, files, gzip_text):
                 gzip_text(f).map(lambda il, h=f.host, r=rank: (h, r, il[0], il[1])),
                 _TEXT_SCHEMA)
         else:
-            mono = F.monotonically_increasing_id()
-            index = F.shiftleft(F.shiftright(mono, _ROW_BITS), logparse.PART_SHIFT) \
-                .bitwiseOR(mono.bitwiseAND((1 << _ROW_BITS) - 1))
             frame = spark.read.text(f.path).select(
-                F.lit(f.host).alias("host"), F.lit(rank).alias("rank"), index.alias("index"),
-                F.col("value").alias("line"))
+                F.lit(f.host).alias("host"), F.lit(rank).alias("rank"),
+                F.lit(None).cast("long").alias("index"), F.col("value").alias("line"))
         frames.append(frame)
     if not frames:
         return None
     whole = frames[0]
     for frame in frames[1:]:
         whole = whole.unionAll(frame)
-    return lines(whole)
+    mono = F.monotonically_increasing_id()
+    index = F.shiftleft(F.shiftright(mono, _ROW_BITS), logparse.PART_SHIFT) \
+        .bitwiseOR(mono.bitwiseAND((1 << _ROW_BITS) - 1))
+    return lines(whole.select("host", "rank", F.coalesce("index", index).alias("index"), "line"))
 
 
 def tallies(parsed):
