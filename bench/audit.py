@@ -12,7 +12,8 @@ some of its remote deliveries to the next (synthetic.generate_fleet), audited wi
 --fleet's map by each --parser (python: every line parsed and every message checked in
 Python; sql: lines parsed and the common messages checked in the JVM; both: one after
 the other in the same run), printing lines/s of each, how many messages the JVM
-checked, and whether their findings and figures agree.
+checked, the load average (5 minutes) at its end, and whether their findings and
+figures agree.
 """
 import argparse
 import os
@@ -151,9 +152,9 @@ def fleet_main(args):
         wall = time.time() - t
         results[parser] = result
         s = result.summary
-        print("%-6s parser: %8.1f s  %d lines  %.0f lines/s  (%d messages, %d checked in the "
-              "JVM, %d deliveries, %d journeys, %d of %d hand-offs linked, findings %s)"
-              % (parser, wall, lines, lines / wall, s["messages"]["messages"],
+        print("%-6s parser: %8.1f s  %d lines  %.0f lines/s  load %.1f  (%d messages, %d checked "
+              "in the JVM, %d deliveries, %d journeys, %d of %d hand-offs linked, findings %s)"
+              % (parser, wall, lines, lines / wall, os.getloadavg()[1], s["messages"]["messages"],
                  result.checked_in_jvm, s["qmailanalog"]["delivery_attempts"],
                  s["fleet"]["journeys"], s["fleet"]["linked"], s["fleet"]["handoffs"],
                  result.findings_by_kind))

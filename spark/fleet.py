@@ -48,6 +48,7 @@ within [line - QMQP_BEFORE, line + skew] on the hub's own clock, each message at
 once; the journey starts at the host MAP names for ADDRESS (else at `qmqp:ADDRESS`), as a
 hop with no message number (origin_n null), its `left` the line's time.
 """
+import bisect
 import re
 import statistics
 
@@ -246,15 +247,28 @@ class Fleet:
                        self.skew)))
 
     def _duplicates(self, deferred):
+        # (host, sender): its unlinked messages by birth, and their births (only those
+        # born in an attempt's window can be its copies: a bisection, not a scan)
         spare = {}
-        for occ in self.occs.values():
-            if occ.incoming is None and occ.host in self.fleet_hosts:
-                spare.setdefault((occ.host, occ.sender), []).append(occ)
+        for order, occ in enumerate(self.occs.values()):
+            if occ.incoming is None and occ.host in self.fleet_hosts and occ.birth is not None:
+                spare.setdefault((occ.host, occ.sender), []).append((occ.birth, order, occ))
+        births = {}
+        for key, found in spare.items():
+            found.sort(key=lambda bo: bo[:2])
+            births[key] = [b for b, _o, _occ in found]
         for hop in self.hops:
             if hop.dst is None:
                 continue
             for d in deferred.get((hop.src.key, hop.recipient), ()):
-                for occ in spare.get((hop.peer, hop.src.sender), ()):
+                key = (hop.peer, hop.src.sender)
+                if key not in spare or d["dstart"] is None:
+                    continue
+                offset = self.offsets.get((hop.src.host, hop.peer), 0.0)
+                low = d["dstart"] + offset - COPY_MARGIN
+                window = spare[key][bisect.bisect_left(births[key], low):
+                                    bisect.bisect_right(births[key], hop.dst.birth)]
+                for _b, _o, occ in sorted(window, key=lambda bo: bo[1]):   # in the map's order
                     if occ.incoming is not None or occ.bytes is None or hop.src.bytes is None:
                         continue
                     if not 0 <= occ.bytes - hop.src.bytes <= HEADER_GROWTH:
@@ -262,8 +276,7 @@ class Fleet:
                     if hop.dst.bytes is None or \
                             abs(occ.bytes - hop.dst.bytes) > COPY_SIZE_SLACK:
                         continue
-                    offset = self.offsets.get((hop.src.host, hop.peer), 0.0)
-                    if d["dstart"] + offset - COPY_MARGIN <= occ.birth <= hop.dst.birth:
+                    if low <= occ.birth <= hop.dst.birth:
                         occ.incoming = hop          # a copy: part of that journey, not a hop
                         self.findings.append(_finding(
                             occ, "duplicate-across-hosts", occ.birth,
@@ -273,6 +286,8 @@ class Fleet:
 
     def _link_qmqp(self, qmqp_rows):
         """Each `qmqp from` line to the hub's message with its qp nearest in time."""
+        if not qmqp_rows:
+            return
         by_host_qp = {}
         for occ in self.occs.values():
             if occ.qp is not None and occ.incoming is None:
