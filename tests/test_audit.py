@@ -517,7 +517,11 @@ def _wait_log(path, predicate, timeout=60):
     deadline = time.monotonic() + timeout
     try:
         while True:
-            text = open(path, errors="replace").read() if os.path.exists(path) else ""
+            try:
+                with open(path, errors="replace") as f:
+                    text = f.read()
+            except FileNotFoundError:   # not yet written, or renamed by a rotation just now
+                text = ""
             if predicate(text):
                 return text
             left = deadline - time.monotonic()
