@@ -56,7 +56,7 @@ def lock(out_dir):
     """The descriptor of OUT/lock, flocked for this process's run (released when it is
     closed or the process ends, killed or not), or Busy naming the pid holding it."""
     os.makedirs(out_dir, exist_ok=True)
-    fd = os.open(os.path.join(out_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(os.path.join(out_dir, LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
