@@ -18,7 +18,9 @@ A server retires a worker by closing its end: the worker reads EOF when it next
 waits for a job and exits; a job already handed over is finished first. This is
 how max_use (jobs per worker) and max_idle (seconds a worker may wait for work)
 are enforced, by the server alone, so a job is never handed to a worker that has
-decided to exit.
+decided to exit. A worker that decides to end by itself (qmail-lspawn's, when a program
+lowered its resource limits) says so in its last report (send_last), before the server
+could hand it another job.
 """
 import os
 import selectors
@@ -31,6 +33,7 @@ MAX_FDS = 4
 MAX_PACKET = 65536
 REPORT_MAX = 16 << 20       # the largest report a pool with large_reports reads from a memfd
 _LARGE = b"\0report in the descriptor"
+_LAST = b"\0last report\0"          # before a report: the worker ends after it
 
 
 class Worker:
@@ -93,6 +96,12 @@ def send(channel, payload, fds=()):
         socket.send_fds(channel, [payload], list(fds))
     else:
         channel.send(payload)
+
+
+def send_last(channel, payload):
+    """A worker's report on its job, and word that it ends after it: the server retires
+    it on reading this, so no next job is handed to a worker that is gone."""
+    send(channel, _LAST + payload)
 
 
 def send_report(channel, payload):
@@ -246,6 +255,9 @@ class Pool:
             packet = receive(worker.channel)
         except OSError:
             packet = None
+        last = packet is not None and not packet[1] and packet[0].startswith(_LAST)
+        if last:
+            packet = (packet[0][len(_LAST):], [])
         if self.large_reports and worker.busy and packet is not None and packet[0] == _LARGE:
             report = _large_report(packet[1])
             packet = None if report is None else (report, [])
@@ -260,7 +272,7 @@ class Pool:
             except Exception:           # a report that does not parse: the job crashed
                 done, packet = self.results(worker.job, None), None
             worker.busy, worker.job = False, None
-        if packet is None or worker.uses >= self.max_use:
+        if packet is None or last or worker.uses >= self.max_use:
             self.drop(worker)
         else:
             for extra in self.idle.add(worker):

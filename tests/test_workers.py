@@ -263,10 +263,10 @@ class Lspawn:
     """qmail-lspawn with its command pipe kept open: one delivery at a time, as qmail-send's
     commands arrive."""
 
-    def __init__(self, users):
+    def __init__(self, users, wrapper=()):
         program = shutil.which("qmail-lspawn", path=users.qh.env["PATH"])
         self.users = users
-        self.proc = subprocess.Popen([program, "./Maildir/"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([*wrapper, program, "./Maildir/"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=users.qh.env)
         assert os.read(self.proc.stdout.fileno(), 1) == bytes((spawn.SLOTS,))
         self.replies = spawn.ReplyReader()
@@ -470,10 +470,16 @@ def test_a_worker_that_cannot_be_forked_gets_qmail_spawns_reply(users):
 
 def test_a_program_that_lowers_its_workers_limits_does_not_reach_the_next_delivery(users):
     """A worker runs as the account, so the account's program may prlimit it; the worker
-    then ends after that delivery and the next one gets a fresh worker."""
+    then ends after that delivery and the next one gets a fresh worker. The worker says
+    so in its report: under strace every look at a limit takes a tenth of a second, so a
+    worker that looked only after reporting would still be looking when qmail-lspawn
+    handed it the next delivery (which then failed as "qmail-local crashed", as it did
+    once in a loaded CI run)."""
     home = users.add("ida")
     users.dotqmail(home, "", "./Maildir/\n|prlimit --pid $PPID --nofile=5:5\n")
-    lspawn = Lspawn(users)
+    slow_limits = ("strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=prlimit64",
+                   "-e", "inject=prlimit64:delay_enter=100000") if shutil.which("strace") else ()
+    lspawn = Lspawn(users, slow_limits)
     assert lspawn.deliver(b"ida@test.example") == (b"K", b"did 1+0+1\n")
     users.dotqmail(home, "", PROGRAM)
     first = program_report(lspawn.deliver(b"ida@test.example"))

@@ -130,14 +130,15 @@ def _worker_main(channel, key, home, aliasempty, base_environ):
         payload, fds = job
         installed = replace_environ(os.environb, base_environ, installed)
         code, trace = _deliver(home, aliasempty, marshal.loads(payload), fds, installed)
+        report = b"%d" % code + (b" " + internalerror.tail(trace, TRACE_MAX) if trace else b"")
+        # a program of this account's (prlimit --pid $PPID) lowered its limits: that must
+        # not reach its next delivery, so this worker ends and a new one takes over
+        ending = _limits() != limits
         try:
-            workers.send(channel, b"%d" % code + (b" " + internalerror.tail(trace, TRACE_MAX)
-                                                   if trace else b""))
+            (workers.send_last if ending else workers.send)(channel, report)
         except OSError:
             return 0
-        if _limits() != limits:
-            # a program of this account's (prlimit --pid $PPID) lowered them: that must not
-            # reach its next delivery, so this worker ends and a new one takes over
+        if ending:
             return 0
 
 
