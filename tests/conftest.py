@@ -27,6 +27,9 @@ import knobs
 
 VENV_BIN = os.path.dirname(sys.executable)
 AS_ROOT = os.geteuid() == 0
+# Spark's defaults for every JVM the tests start (tests/spark-conf/spark-defaults.conf)
+os.environ["SPARK_CONF_DIR"] = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                            "spark-conf")
 
 
 class QmailHome:
