@@ -105,10 +105,11 @@ def pytest_configure(config):
 # file): bin/test's processes (xdist --dist loadfile --no-loadscope-reorder) take files
 # in collection order, so these start first and the short ones fill in around them, instead
 # of one long file starting late and running on alone at the end.
-LONGEST_FILES = ("test_crash_states_dir_send.py", "test_audit.py", "test_audit_incremental.py",
-                 "test_audit_fleet.py", "test_crash_states_queue.py", "test_crash_states_send.py",
-                 "test_crash_states.py", "test_logqueue_records.py", "test_audit_fleet_queue.py",
-                 "test_audit_sql.py", "test_callers.py", "test_queue_commands.py")
+LONGEST_FILES = ("test_audit.py", "test_audit_incremental.py", "test_crash_states_queue.py",
+                 "test_audit_fleet.py", "test_crash_states_send.py", "test_logqueue_records.py",
+                 "test_crash_states_dir_send.py", "test_crash_states.py", "test_audit_sql.py",
+                 "test_audit_fleet_queue.py", "test_queue_commands.py",
+                 "test_logqueue_doqueue.py", "test_callers.py")
 
 
 def pytest_collection_modifyitems(items):
