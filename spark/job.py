@@ -395,6 +395,8 @@ def audit(spark, specs, out_dir, opts=None):
     else:
         line_counts, spans, events, examples = _logs_python(sc, log_files, persisted, rows)
         frame = None
+    parts = _partitions(sc, sum(line_counts.values()))
+    kinds_read = set(line_counts)       # of this run's lines (an incremental run merges below)
     log_names = [f.path for f in log_files]
     bad_counts = {k[4:]: v for k, v in line_counts.items() if k.startswith("bad:")}
     if bad_counts:
@@ -452,7 +454,6 @@ def audit(spark, specs, out_dir, opts=None):
     row_rdds = []
     open_rdds = []              # incremental: rows recomputed each run, not accumulated
     if events is not None:
-        parts = max(2, events.getNumPartitions())
         if inc is not None:
             paired, pending = inc.pairs(sc, _starts_and_results(events, frame), parts)
         elif frame is not None:     # the common messages checked in the JVM, the rest here
@@ -486,8 +487,12 @@ def audit(spark, specs, out_dir, opts=None):
             row_rdds.append(groups.filter(lambda g: not g[0]).flatMap(lambda g: g[1]))
             open_rdds.append(groups.filter(lambda g: g[0]).flatMap(lambda g: g[1]))
             carried = groups.flatMap(lambda g: g[2])
-        row_rdds.append(events.filter(lambda e: e[3] == "restored").map(messages.restored_finding))
-        row_rdds.append(events.filter(lambda e: e[3] == "setaside").map(messages.set_aside_finding))
+        if "state restored" in kinds_read:     # else a pass over all events finds none
+            row_rdds.append(events.filter(lambda e: e[3] == "restored")
+                            .map(messages.restored_finding))
+        if "set aside" in kinds_read:
+            row_rdds.append(events.filter(lambda e: e[3] == "setaside")
+                            .map(messages.set_aside_finding))
     for records, taken, lifetime in snap_records:
         row_rdds.append(records.flatMap(
             lambda r, t=taken, q=lifetime, s=opts.lifetime_slack:
@@ -502,13 +507,12 @@ def audit(spark, specs, out_dir, opts=None):
         seg_out.append(seg_rows.filter(lambda t: t[0] == "seg").map(lambda t: t[1])
                        .groupByKey().flatMap(lambda kv: segments.process_segment_group(
                            kv[0][0], kv[0][1], list(kv[1]))))
-    table, frames = _tables(spark, sc.union(row_rdds) if row_rdds else sc.parallelize([]))
+    table, frames = _tables(spark, _union(sc, row_rdds, parts))
     for tag, df in sql_frames.items():
         frames[tag] = frames[tag].unionByName(df)
     os.makedirs(out_dir, exist_ok=True)
     if inc is not None:
-        open_table, open_frames = _tables(spark, sc.union(open_rdds) if open_rdds
-                                          else sc.parallelize([]))
+        open_table, open_frames = _tables(spark, _union(sc, open_rdds, parts))
         inc.write_run(spark, frames, open_frames, carried, pending.collect(), SCHEMAS)
         open_table.unpersist()
         table.unpersist()
@@ -563,13 +567,32 @@ def audit(spark, specs, out_dir, opts=None):
     with open(os.path.join(out_dir, "report.html"), "w", encoding="utf-8") as f:
         f.write(report.render(summary, plots))
     checked_in_jvm = sql_frames["occ"].count() if sql_frames else 0
-    for rdd in persisted:
+    for rdd in persisted + list(summary_tables.values()):
         rdd.unpersist()
     table.unpersist()
     result = AuditResult(summary, findings_by_kind, violations, bad_list, out_dir)
     result.where = where
     result.checked_in_jvm = checked_in_jvm
     return result
+
+
+LINES_PER_PARTITION = 500_000
+
+
+def _partitions(sc, lines):
+    """Partitions of the per-message stages and tables for this many log lines: as many
+    as the cores, more for a large log. Not one per input file or per union member: a
+    fleet's 20 small logs made every later job (the writes, the summaries) 60 tasks of
+    mostly nothing (docs/architecture.md "Reading log lines")."""
+    return max(2, sc.defaultParallelism, -(-lines // LINES_PER_PARTITION))
+
+
+def _union(sc, rdds, parts):
+    """The rows of rdds in at most parts partitions (no shuffle)."""
+    if not rdds:
+        return sc.parallelize([])
+    rows = sc.union(rdds)
+    return rows.coalesce(parts) if rows.getNumPartitions() > parts else rows
 
 
 def _tables(spark, rows):
@@ -633,12 +656,14 @@ def _fleet(spark, frames, opts, log_hosts, snapshot_hosts, qmqpd_files=()):
         qmqp_rows += spark.sparkContext.textFile(f.path).map(parse_qmqp_from) \
             .filter(lambda t: t is not None and t[0] is not None) \
             .map(lambda t, h=f.host: (h,) + t).collect()
-    occ_rows = _dicts(frames["occ"].select(
+    occ_rows = _ordered(_dicts(frames["occ"].select(
         "host", "n", "birth", "bytes", "sender", "qp", "end_time", "ended", "bounced", "triple",
-        "orphan"))
+        "orphan")), "host", "n", "birth")
     d = frames["d"]
-    delivery_rows = _dicts(d.filter((d["result"] == "k") | (d["channel"] == "remote")).select(
-        "host", "n", "occ_birth", "result", "channel", "recipient", "dstart", "ddone", "reason"))
+    delivery_rows = _ordered(_dicts(d.filter((d["result"] == "k") | (d["channel"] == "remote"))
+                                    .select("host", "n", "occ_birth", "result", "channel",
+                                            "recipient", "dstart", "ddone", "reason")),
+                             "host", "n", "occ_birth")    # a message's own in line order
     return fleet_mod.Fleet(opts.fleet_map, occ_rows, delivery_rows, snapshot_hosts, log_hosts,
                            opts.skew, qmqp_rows)
 
@@ -649,6 +674,12 @@ def _dicts(df):
     and read, under a load of 18)."""
     names = df.columns
     return [dict(zip(names, row)) for row in df.collect()]
+
+
+def _ordered(rows, *fields):
+    """rows sorted by fields (None first; stable): Fleet breaks ties in its input's order,
+    which must not depend on how Spark partitioned the tables."""
+    return sorted(rows, key=lambda r: tuple((r[f] is not None, r[f]) for f in fields))
 
 
 def fleet_warnings(fleet, input_hosts):

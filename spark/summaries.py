@@ -17,6 +17,7 @@ exactly (MLINE/DLINE rows of qmailpy_audit.messages):
 Everything else (per domain, sender, hour, host; delay percentiles) is computed
 from the same rows.
 """
+from pyspark import StorageLevel
 from pyspark.sql import functions as F
 
 TOP = 500          # rows of each per-key table kept in summaries.json (Parquet has all)
@@ -235,18 +236,21 @@ RESTORED_SHOWN = 1000       # messages restored after log damage, listed in full
 
 
 def compute(frames, line_counts):
-    """(summary dict, summary DataFrames) of the audit."""
+    """(summary dict, summary DataFrames) of the audit. The DataFrames are persisted
+    (made once here, for summaries.json, and written from memory after): the caller
+    unpersists them."""
     occ, d, m, f = frames["occ"], frames["d"], frames["m"], frames["f"]
-    tabs = tables(frames)
-    order = {"per_domain": F.desc("attempts"), "per_sender": F.desc("messages"),
-             "per_hour": F.asc("hour"), "per_host": F.asc("host")}
+    tabs = {name: df.persist(StorageLevel.MEMORY_AND_DISK) for name, df in tables(frames).items()}
+    order = {"per_domain": [F.desc("attempts"), F.asc("domain")],     # ties: by name, not
+             "per_sender": [F.desc("messages"), F.asc("sender")],     # by partitioning
+             "per_hour": [F.asc("hour")], "per_host": [F.asc("host")]}
     parts = {"o": _occ_totals(occ), "groups": _delivery_groups(d), "mr": _message_totals(m),
              "dr": _delivery_totals(d), "fk": f.groupBy("kind", "severity").count(),
              "examples": f.orderBy(F.col("severity") != "violation", "host", "n", "time")
              .limit(250),
              "restored": f.filter(F.col("kind") == "restored-after-damage")
              .orderBy("host", "n", "time").limit(RESTORED_SHOWN)}
-    parts.update((name, df.orderBy(order[name]).limit(TOP)) for name, df in tabs.items())
+    parts.update((name, df.orderBy(*order[name]).limit(TOP)) for name, df in tabs.items())
     got = _collect_together(parts)
     (o,), (mr,), (dr,) = got["o"], got["mr"], got["dr"]
     groups = [r.asDict() for r in got["groups"]]
