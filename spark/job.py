@@ -583,7 +583,7 @@ def _partitions(sc, lines):
     """Partitions of the per-message stages and tables for this many log lines: as many
     as the cores, more for a large log. Not one per input file or per union member: a
     fleet's 20 small logs made every later job (the writes, the summaries) 60 tasks of
-    mostly nothing (docs/architecture.md "Reading log lines")."""
+    mostly nothing (docs/architecture.md "Reading log lines: in Python or in the JVM")."""
     return max(2, sc.defaultParallelism, -(-lines // LINES_PER_PARTITION))
 
 
