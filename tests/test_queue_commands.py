@@ -192,9 +192,11 @@ def test_garbage_in_the_command_channel(qmail_home, peer):
                 "with.dot": b"action delete\nmsg %d\n" % n, "nonl": b"action delete\nmsg 1",
                 "reasonless": b"action bounce\nmsg %d\n" % n}
         junk.update(("flood%03d" % i, b"msg x\n" * i) for i in range(150))
-        for name, data in junk.items():
-            with open(os.path.join(cdir, name), "wb") as f:
+        for name, data in junk.items():     # each whole when it appears: qmail-send may
+            staged = os.path.join(qmail_home.queue, "junk-" + name)     # look at any time
+            with open(staged, "wb") as f:
                 f.write(data)
+            os.rename(staged, os.path.join(cdir, name))
         done = ctl(qmail_home, "hold", str(n))          # pulls the trigger: all are read
         assert (done.returncode, done.stdout) == (0, b"%d: held\n" % n)
         daemons.wait_for(lambda ls: sum(1 for l in ls if l.startswith("warning: command/")) >= len(junk),
