@@ -46,7 +46,9 @@ QMQP from null clients (mini-qmail, which keeps no log): the hub's qmail-qmqpd l
 Each such line is linked to the hub's message with that qp whose `new msg` is nearest,
 within [line - QMQP_BEFORE, line + skew] on the hub's own clock, each message at most
 once; the journey starts at the host MAP names for ADDRESS (else at `qmqp:ADDRESS`), as a
-hop with no message number (origin_n null), its `left` the line's time.
+hop with no message number (origin_n null), its `left` the line's time. qmail-qmqpd writes
+that line after qmail-queue returns, so the hub may log the message's new msg, and even its
+delivery, before it: the end-to-end latency counts from the earlier of the two.
 """
 import bisect
 import re
@@ -327,6 +329,9 @@ class Fleet:
                          "latency": None})
             stack = [(origin, (client,), 0.0, when)]
         start = origin.qmqp[1] if client is not None else origin.birth
+        # qmail-qmqpd logs its line after qmail-queue returns, when the hub may have queued
+        # and even delivered the message: the hand-off was no later than the hub's new msg
+        first = min(start, origin.birth)
         while stack:
             occ, path, offset, before = stack.pop()
             if occ.key in visited:
@@ -377,7 +382,7 @@ class Fleet:
             "route": route, "hop_count": len(hops) - 1, "hops": hops,
             "ended": ",".join(kinds) if kinds else "nowhere",
             "ended_where": ["%s at %s" % (k, w) for k, w, _t in ends],
-            "end_to_end": (max(times) - start) if times and not lost else None,
+            "end_to_end": (max(times) - first) if times and not lost else None,
             "loop": looped, "lost": lost,
         }
 
