@@ -9,6 +9,7 @@ import json
 import os
 
 from pyspark import StorageLevel
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from qmailpy import snapshot_format
@@ -309,10 +310,14 @@ def _restarts(events):
     return found
 
 
-def _check_in_sql(spark, frame, opts, contexts, snap_records, persisted):
+def _check_in_sql(spark, frame, opts, contexts, snap_records, persisted, restored):
     """(msgsql's tables of the messages of the common shape, event tuples of the others
     and of `state restored` lines, the others' paired deliveries keyed (host, n)): the
-    common messages are checked in the JVM, the rest by messages.process_group."""
+    common messages are checked in the JVM, the rest by messages.process_group. The
+    events and deliveries are None when nothing is left for Python: no other message, no
+    snapshot of a host with a log, no `state restored` line (restored: the log has one).
+    Python's per-message stages are then not run at all: on a fleet of 20 hosts whose
+    messages were all of the common shape they were 36 tasks of nothing, 7 s."""
     log_hosts = {h for h, c in contexts.items() if c.log_end is not None}
     covered = {h: [t for t in c.snapshots if c.log_covers(t)] for h, c in contexts.items()}
     keys = None
@@ -326,6 +331,9 @@ def _check_in_sql(spark, frame, opts, contexts, snap_records, persisted):
     persisted.append(classified)
     tables, cached = msgsql.tables(classified, SCHEMAS)
     persisted.extend(cached)
+    if keys is None and not restored and \
+            not classified.filter(~F.col("simple")).limit(1).count():
+        return tables, None, None
     events = msgsql.complex_events(classified).union(logsql.events(frame, ("restored",)))
     return tables, events, msgsql.complex_deliveries(classified)
 
@@ -458,12 +466,14 @@ def audit(spark, specs, out_dir, opts=None):
             paired, pending = inc.pairs(sc, _starts_and_results(events, frame), parts)
         elif frame is not None:     # the common messages checked in the JVM, the rest here
             sql_frames, events, paired = _check_in_sql(spark, frame, opts, contexts,
-                                                       snap_records, persisted)
+                                                       snap_records, persisted,
+                                                       "state restored" in kinds_read)
         else:
             deliveries = events.filter(lambda e: e[3] in ("start", "result")) \
                 .map(lambda e: ((e[0], e[5]), e)).groupByKey(parts) \
                 .map(lambda kv: messages.pair_deliveries(list(kv[1])))
             paired = deliveries.flatMap(lambda pu: pu[0])
+    if events is not None:      # None here: the JVM checked every message, none is left
         msg_events = events.filter(lambda e: e[3] in logparse.MESSAGE_KINDS) \
             .map(lambda e: ((e[0], e[4]), ("ev", e, e[1], e[2])))
         keyed = msg_events.union(paired)
@@ -610,7 +620,6 @@ def _starts_and_results(events, frame):
     """The `starting delivery` and result events (the SQL parser's events leave results
     to its own pairing)."""
     if frame is not None:
-        from pyspark.sql import functions as F
         events = frame.filter(F.col("ekind").isin("start", "result")).rdd \
             .map(logsql.event_tuple)
     return events.filter(lambda e: e[3] in ("start", "result"))
@@ -671,9 +680,9 @@ def _fleet(spark, frames, opts, log_hosts, snapshot_hosts, qmqpd_files=()):
 def _dicts(df):
     """The rows of df as dicts: Fleet reads each field by name, which a Row looks up in
     its list of names each time (200,000 rows' 11 fields: 15 s as Rows, 5.5 s made dicts
-    and read, under a load of 18)."""
-    names = df.columns
-    return [dict(zip(names, row)) for row in df.collect()]
+    and read, under a load of 18). Collected as Arrow batches, not pickled Rows: 300,000
+    rows of five columns in 1.5 s instead of 4.0 s."""
+    return df.toArrow().to_pylist()
 
 
 def _ordered(rows, *fields):

@@ -107,21 +107,40 @@ def _hex(digits):
     return F.conv(digits, 16, 10).cast("decimal(21,0)")
 
 
-def _timestamp(line):
-    """(seconds as logparse reads them or None, length of the prefix)."""
-    epoch = _group(line, _EPOCH, 1)
-    tai_sec = _group(line, _TAI64N, 1)
-    tai_nsec = _group(line, _TAI64N, 2)
+def _stamp_columns(line):
+    """Columns of the timestamp prefix, each computed once (a later stage reads them by
+    name: an expression repeated in a projection is generated and compiled once per
+    use, and the parser's plan grew to megabytes of Java source): _style, _stamp (the
+    prefix's text) and what each style's time is made of."""
+    style = F.when(line.rlike(_EPOCH), F.lit("epoch")).when(line.rlike(_TAI64N), F.lit("tai64n")) \
+        .when(line.rlike(_ISO), F.lit("iso"))
+    return [style.alias("_style")]
+
+
+def _stamp_parts(line):
+    style = F.col("_style")
+    iso_whole = "(?s)^(" + _ISO[len("(?s)^"):] + ")"
+    stamp = F.when(style == "epoch", _group(line, _EPOCH, 1)) \
+        .when(style == "tai64n", F.substring(line, 1, 26)) \
+        .when(style == "iso", _group(line, iso_whole, 1))
+    out = [stamp.alias("_stamp"),
+           F.when(style == "tai64n", F.conv(F.substring(line, 18, 8), 16, 10)).alias("_nsec")]
+    out += [F.when(style == "iso", _group(line, _ISO, i)).alias("_g%d" % i) for i in range(1, 9)]
+    return out
+
+
+def _timestamp():
+    """(seconds as logparse reads them or None, length of the prefix) of _stamp_parts'
+    columns."""
+    style, stamp, nsec = F.col("_style"), F.col("_stamp"), F.col("_nsec")
     # logparse rebuilds the TAI64N value from its digits, as qmailanalog's matchup prints it
-    nsec = F.conv(tai_nsec, 16, 10)
-    tai = F.concat((_hex(tai_sec) - F.lit(TAI64_OFFSET)).cast("string"), F.lit("."),
+    tai = F.concat((_hex(F.substring(stamp, 2, 16)) - F.lit(TAI64_OFFSET)).cast("string"),
+                   F.lit("."),
                    F.when(F.length(nsec) >= 9, nsec).otherwise(F.lpad(nsec, 9, "0"))) \
         .try_cast("double")
-    iso_whole = "(?s)^(" + _ISO[len("(?s)^"):] + ")"
-    iso_len = F.length(_group(line, iso_whole, 1))
 
     def g(i):
-        return _group(line, _ISO, i)
+        return F.col("_g%d" % i)
     days = F.datediff(F.make_date(g(1).cast("int"), g(2).cast("int"), F.lit(1)),
                       F.lit("1970-01-01").cast("date")) + g(3).cast("int") - 1
     base = days.cast("long") * 86400 + g(4).cast("long") * 3600 + g(5).cast("long") * 60 \
@@ -134,21 +153,23 @@ def _timestamp(line):
         * (F.substring(digits, 1, 2).cast("long") * 3600
            + F.substring(digits, 3, 10).cast("long") * 60))
     iso = base.cast("double") + frac + offset.cast("double")
-    when = F.when(epoch != "", epoch.try_cast("double")) \
-        .when(line.rlike(_TAI64N), tai) \
-        .when(iso_len > 0, iso)
-    length = F.when(epoch != "", F.length(epoch) + 1) \
-        .when(line.rlike(_TAI64N), F.lit(26)) \
-        .when(iso_len > 0, iso_len) \
+    when = F.when(style == "epoch", stamp.try_cast("double")) \
+        .when(style == "tai64n", tai) \
+        .when(style == "iso", iso)
+    length = F.when(style == "epoch", F.length(stamp) + 1) \
+        .when(style == "tai64n", F.lit(26)) \
+        .when(style == "iso", F.length(stamp)) \
         .otherwise(F.lit(0))
-    style = F.when(epoch != "", F.lit("epoch")).when(line.rlike(_TAI64N), F.lit("tai64n")) \
-        .when(iso_len > 0, F.lit("iso"))
-    return when, length, style
+    return when, length
 
 
-def _bad_class(text):
-    """logparse.classify_bad, and empty-line, for a text no pattern matched."""
-    stripped = F.regexp_replace(text, "(?U)^%s+|%s+$" % (_SPACE, _SPACE), "")
+def _stripped(text):
+    """text as str.strip() leaves it."""
+    return F.regexp_replace(text, "(?U)^%s+|%s+$" % (_SPACE, _SPACE), "")
+
+
+def _bad_class(stripped):
+    """logparse.classify_bad, and empty-line, for a text no pattern matched, stripped."""
     truncated = None
     for start in logparse._KNOWN_STARTS:
         cond = F.startswith(stripped, F.lit(start.strip())) | (
@@ -159,37 +180,49 @@ def _bad_class(text):
 
 
 def lines(df):
-    """Rows as the module docstring says, for a frame of (host, rank, index, line)."""
+    """Rows as the module docstring says, for a frame of (host, rank, index, line).
+
+    Built in stages, each a projection of the one before: a value that later
+    expressions use more than once is a column of an earlier stage, never an
+    expression repeated (docs/architecture.md "Reading log lines: in Python or in the
+    JVM")."""
     line = F.col("line")
-    when, length, style = _timestamp(line)
-    df = df.select("host", "rank", "index", "line", when.alias("_when"),
-                   F.substring(line, length + 1, 1 << 30).alias("_rest"),
-                   style.alias("_style"))
+    df = df.select("host", "rank", "index", "line", *_stamp_columns(line))
+    df = df.select("*", *_stamp_parts(line))
+    when, length = _timestamp()
+    df = df.select("host", "rank", "index", "line", "_style", when.alias("_when"),
+                   F.substring(line, length + 1, 1 << 30).alias("_rest"))
     rest = F.col("_rest")
     # journalctl -o short-iso: 'HOST IDENT[PID]: ' after the stamp; read first as a tag,
     # then as part of a bare qmail line (logline._prefix_readings)
-    tagged = (F.col("_style") == "iso") & rest.rlike(_TAG)
     tag_whole = "(?s)^(" + _TAG[len("(?s)^"):] + ")"
-    after_tag = F.substring(rest, F.length(_group(rest, tag_whole, 1)) + 1, 1 << 30)
-    df = df.select("*", F.when(tagged, _group(rest, _TAG, 1)).alias("_tag_host"),
-                   F.when(tagged, after_tag).alias("_after_tag"))
+    df = df.select("*", F.when((F.col("_style") == "iso") & rest.rlike(_TAG),
+                               _group(rest, tag_whole, 1)).alias("_tag"))
+    tag = F.col("_tag")
+    df = df.select("*", F.when(tag.isNotNull(), _group(rest, _TAG, 1)).alias("_tag_host"),
+                   F.when(tag.isNotNull(), F.substring(rest, F.length(tag) + 1, 1 << 30))
+                   .alias("_after_tag"))
     df = df.select("*", F.when(F.col("_tag_host").isNotNull(), _kind_of(F.col("_after_tag")))
                    .alias("_kind1"), _kind_of(rest).alias("_kind2"))
     tag_reading = F.col("_kind1").isNotNull()
     bare_reading = F.col("_kind2").isNotNull()
     df = df.select(
-        "*",
+        "host", "rank", "index", "line", "_when",
         F.when(tag_reading, F.col("_after_tag")).when(bare_reading, rest)
         .when(F.col("_tag_host").isNotNull(), F.col("_after_tag")).otherwise(rest).alias("_text"),
         F.when(tag_reading, F.col("_kind1")).otherwise(F.col("_kind2")).alias("_kind"),
         F.when(tag_reading, F.col("_tag_host")).otherwise(F.col("host")).alias("_host"))
     kind, text = F.col("_kind"), F.col("_text")
-    lkind = F.when(line.startswith("-- ") & line.rlike(_MARKER),
-                   F.lit("ignored:journald-marker")) \
-        .when(kind.isNull(), F.concat(F.lit("bad:"), _bad_class(text))) \
+    marker = line.startswith("-- ") & line.rlike(_MARKER)
+    df = df.select("*", F.when(~marker & kind.isNull(), _stripped(text)).alias("_stripped"))
+    lkind = F.when(marker, F.lit("ignored:journald-marker")) \
+        .when(kind.isNull(), F.concat(F.lit("bad:"), _bad_class(F.col("_stripped")))) \
         .when(F.col("_when").isNull(), F.lit("bad:no-timestamp")) \
         .otherwise(kind)
-    good = ~lkind.startswith("bad:") & ~lkind.startswith("ignored:")
+    df = df.select("*", lkind.alias("lkind"))
+    lkind = F.col("lkind")
+    df = df.select("*", (~lkind.startswith("bad:") & ~lkind.startswith("ignored:")).alias("_good"))
+    good = F.col("_good")
     ekind = F.when(good, _mapped(kind, EVENT_KIND))
     n = _field(text, kind, "n", "long")
     d = _field(text, kind, "d", "long")
@@ -210,7 +243,7 @@ def lines(df):
         .when(kind == "state restored", _pair(text, kind, "damage_seg", "damage_off"))
     seq = F.shiftleft(F.col("rank").cast("long"), logparse.SEQ_SHIFT).bitwiseOR(F.col("index"))
     return df.select(
-        lkind.alias("lkind"),
+        "lkind",
         F.when(good, F.col("_host")).otherwise(F.col("host")).alias("host"),
         F.col("rank"), F.col("index"), seq.alias("seq"),
         F.when(good, F.col("_when")).alias("time"), ekind.alias("ekind"),
@@ -247,6 +280,7 @@ def event_tuple(row):
 # --- reading --------------------------------------------------------------
 
 _ROW_BITS = 33             # monotonically_increasing_id: partition << 33 | row in partition
+_NO_FEWER = 1 << 30         # coalesce(): at most this many partitions
 _TEXT_SCHEMA = "host string, rank int, index long, line string"
 
 
@@ -280,7 +314,12 @@ def read(spark, files, gzip_text):
     mono = F.monotonically_increasing_id()
     index = F.shiftleft(F.shiftright(mono, _ROW_BITS), logparse.PART_SHIFT) \
         .bitwiseOR(mono.bitwiseAND((1 << _ROW_BITS) - 1))
-    return lines(whole.select("host", "rank", F.coalesce("index", index).alias("index"), "line"))
+    whole = whole.select("host", "rank", F.coalesce("index", index).alias("index"), "line")
+    # A boundary of whole-stage code generation: without it, lines()'s code is generated
+    # into each member of the union, once per file (20 hosts: megabytes of Java source,
+    # half a minute compiling it). Coalescing to more partitions than there are is no
+    # shuffle and no change.
+    return lines(whole.coalesce(_NO_FEWER))
 
 
 def tallies(parsed):

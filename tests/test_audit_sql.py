@@ -207,3 +207,26 @@ def test_both_parsers_give_the_same_tables_row_for_row(spark, tmp_path):
     with open(os.path.join(out["sql"], "summaries.json")) as f:
         assert json.load(f) == old_summary
     assert results["sql"].exit_code == results["python"].exit_code == 2
+
+
+def test_a_fleet_checked_wholly_in_the_jvm_gives_pythons_tables(spark, tmp_path):
+    """A fleet whose every message is of the common shape, no snapshot: the JVM checks all
+    of them and Python's per-message stages are not run at all; the tables, journeys and
+    summaries.json are still Python's."""
+    from qmailpy_audit.fleet import parse_map
+    text, expects = synthetic.generate_fleet(str(tmp_path / "fleet"), hosts=3, messages=60,
+                                             seed=11)
+    inputs = [str(p) for p in sorted((tmp_path / "fleet").iterdir())]
+    out, results = {}, {}
+    for parser in ("python", "sql"):
+        out[parser] = str(tmp_path / parser)
+        results[parser] = job.audit(spark, inputs, out[parser], job.Options(
+            write_parquet=True, parser=parser, fleet_map=parse_map(text.splitlines())))
+    messages = results["sql"].summary["messages"]["messages"]
+    assert messages >= 180 and results["sql"].checked_in_jvm == messages
+    assert results["sql"].summary["fleet"]["linked"] == sum(len(e.handoffs) for e in expects)
+    assert results["sql"].summary == results["python"].summary
+    assert _tables(spark, out["sql"]) == _tables(spark, out["python"])
+    journeys = {p: sorted(repr(r.asDict(recursive=True)) for r in spark.read.parquet(
+        "file://" + os.path.join(out[p], "journeys.parquet")).collect()) for p in out}
+    assert journeys["sql"] == journeys["python"] and len(journeys["sql"]) > 0
