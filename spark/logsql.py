@@ -89,13 +89,72 @@ def _kind_of(text):
     return expr
 
 
-def _field(text, kind, name, cast=None):
-    """Field `name` of the kinds that have it (None for the others)."""
+# group bodies that cannot match a space (a field of one word)
+_ONE_WORD = re.compile(r"\\d\+|\\S[*+]|\\w\+|\[\^ \][*+]|\w+(\|\w+)*")
+_LITERAL = re.compile(r"[A-Za-z0-9_:/<>,=-]*")
+
+
+def word_fields(pattern):
+    """{group name: (word number, characters before it, characters after it)} of a
+    logline pattern whose words are separated by single spaces, each group within one
+    word and unable to match a space; None for a pattern of another form.
+
+    A text the pattern matches then holds each field at that place among its words split
+    at spaces: the field is cut from its word, where regexp_extract would run the whole
+    expression again for each field."""
+    src = pattern.pattern
+    if src.endswith("$"):
+        src = src[:-1]
+    words, depth, start, in_class = [], 0, 0, False
+    for i, c in enumerate(src):
+        if c == "\\" or in_class:
+            in_class = in_class and c != "]"
+            continue
+        if c == "[":
+            in_class = True
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == " ":
+            if depth:
+                return None
+            words.append(src[start:i])
+            start = i + 1
+    words.append(src[start:])
+    out = {}
+    for number, word in enumerate(words, 1):
+        m = re.fullmatch(r"(.*?)\(\?P<(\w+)>(.*)\)(.*)", word)
+        if m is None:
+            if "(" in word or not _LITERAL.fullmatch(word):
+                return None
+            continue
+        before, name, body, after = m.groups()
+        if not (_ONE_WORD.fullmatch(body) and _LITERAL.fullmatch(before)
+                and _LITERAL.fullmatch(after)):
+            return None
+        out[name] = (number, len(before), len(after))
+    return out
+
+
+WORD_FIELDS = {kind: word_fields(p) for kind, p in logline._PATTERNS}
+
+
+def _field(text, kind, name, cast=None, words=None):
+    """Field `name` of the kinds that have it (None for the others); cut from `words`
+    (the text split at spaces) for the kinds of word_fields()."""
     expr = None
     for k, regex, groups in PATTERNS:
         if name not in groups:
             continue
-        value = F.regexp_extract(text, regex, groups[name])
+        place = WORD_FIELDS[k] and WORD_FIELDS[k].get(name)
+        if words is not None and place:
+            number, before, after = place
+            word = F.try_element_at(words, F.lit(number))
+            value = F.substring(word, before + 1, F.length(word) - before - after) \
+                if before or after else word
+        else:
+            value = F.regexp_extract(text, regex, groups[name])
         cond = kind == k
         expr = F.when(cond, value) if expr is None else expr.when(cond, value)
     if cast:
@@ -223,24 +282,30 @@ def lines(df):
     lkind = F.col("lkind")
     df = df.select("*", (~lkind.startswith("bad:") & ~lkind.startswith("ignored:")).alias("_good"))
     good = F.col("_good")
+    split = [k for k, places in WORD_FIELDS.items() if places]
+    df = df.select("*", F.when(kind.isin(*split), F.split(text, " ", -1)).alias("_words"))
+    words = F.col("_words")
+
+    def field(name, cast=None):
+        return _field(text, kind, name, cast, words)
     ekind = F.when(good, _mapped(kind, EVENT_KIND))
-    n = _field(text, kind, "n", "long")
-    d = _field(text, kind, "d", "long")
-    letter = _mapped(_field(text, kind, "result"), logparse.RESULT_LETTER)
-    a_long = F.when(kind == "info msg", _field(text, kind, "bytes", "long")) \
-        .when(kind == "bounce msg", _field(text, kind, "qp", "long")) \
-        .when(kind == "state restored", _field(text, kind, "seg", "long"))
-    a_str = F.when(kind == "starting delivery", _field(text, kind, "channel")) \
+    n = field("n", "long")
+    d = field("d", "long")
+    letter = _mapped(field("result"), logparse.RESULT_LETTER)
+    a_long = F.when(kind == "info msg", field("bytes", "long")) \
+        .when(kind == "bounce msg", field("qp", "long")) \
+        .when(kind == "state restored", field("seg", "long"))
+    a_str = F.when(kind == "starting delivery", field("channel")) \
         .when(kind == "delivery", letter) \
         .when(kind == "report mangled", F.lit("z")) \
-        .when(kind.isin("bounce now", "set aside"), _field(text, kind, "text"))
-    b_long = F.when(kind == "state restored", _field(text, kind, "off", "long"))
-    b_str = F.when(kind == "info msg", _field(text, kind, "sender")) \
-        .when(kind == "starting delivery", _field(text, kind, "recipient")) \
-        .when(kind == "delivery", _field(text, kind, "text")) \
+        .when(kind.isin("bounce now", "set aside"), field("text"))
+    b_long = F.when(kind == "state restored", field("off", "long"))
+    b_str = F.when(kind == "info msg", field("sender")) \
+        .when(kind == "starting delivery", field("recipient")) \
+        .when(kind == "delivery", field("text")) \
         .when(kind == "report mangled", F.lit("report_mangled"))
-    c = F.when(kind == "info msg", _pair(text, kind, "qp", "uid")) \
-        .when(kind == "state restored", _pair(text, kind, "damage_seg", "damage_off"))
+    c = F.when(kind == "info msg", _pair(text, kind, words, "qp", "uid")) \
+        .when(kind == "state restored", _pair(text, kind, words, "damage_seg", "damage_off"))
     seq = F.shiftleft(F.col("rank").cast("long"), logparse.SEQ_SHIFT).bitwiseOR(F.col("index"))
     return df.select(
         "lkind",
@@ -253,10 +318,10 @@ def lines(df):
         F.when(lkind.startswith("bad:"), F.substring(line, 1, _TEXT_LIMIT)).alias("text"))
 
 
-def _pair(text, kind, first, second):
+def _pair(text, kind, words, first, second):
     """'%d %d' of two number fields, as logparse writes them."""
-    return F.concat_ws(" ", _field(text, kind, first, "long").cast("string"),
-                       _field(text, kind, second, "long").cast("string"))
+    return F.concat_ws(" ", _field(text, kind, first, "long", words).cast("string"),
+                       _field(text, kind, second, "long", words).cast("string"))
 
 
 def _mapped(column, mapping):

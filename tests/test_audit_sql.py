@@ -59,6 +59,26 @@ PREFIXES += ["", "1795323135 ", "2026-11-22 10:12:14+02:00 ", "2026-11-22T10:12:
              "@4000000069f5f1a2ffffffff ", "@400000006 "]
 
 
+def test_word_fields_cut_each_field_the_regular_expression_finds():
+    """logsql cuts a field of one word from the text split at spaces (no regular expression
+    run per field): for every line qmail-send writes, each such cut equals the group."""
+    checked = 0
+    for text in TEXTS:
+        for kind, pattern in logline._PATTERNS:
+            m = pattern.match(text)
+            if m is None:
+                continue
+            words = text.split(" ")
+            for name, (number, before, after) in (logsql.WORD_FIELDS[kind] or {}).items():
+                word = words[number - 1]
+                assert word[before:len(word) - after] == m.group(name), (text, name)
+                checked += 1
+            break
+    assert checked >= 30
+    assert logsql.WORD_FIELDS["status"] is None       # ' exitasap' inside a group
+    assert logsql.WORD_FIELDS["bounce now"] is None   # free text with spaces
+
+
 @pytest.fixture(scope="module")
 def spark():
     from qmailpy.cli.qmail_audit import session
