@@ -11,6 +11,10 @@ translated mechanically into Java's dialect:
   (Java's `$` would also match before a final U+2028 or CR);
 * `(?s)`: the lines hold no newline, so Python's `.` is Java's `.` with DOTALL.
 
+A line's kind is decided by its whole pattern; a field that is one word of the line
+(word_fields(), read from the same pattern) is then cut from the line's words instead of
+running the pattern again.
+
 lines(df) takes (host, rank, index, line) and returns one row per line with
 
   lkind   logline's kind ("new msg", ...), "bad:CLASS" or "ignored:journald-marker"
