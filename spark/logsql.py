@@ -387,7 +387,8 @@ def read(spark, files, gzip_text):
     # A boundary of whole-stage code generation: without it, lines()'s code is generated
     # into each member of the union, once per file (20 hosts: megabytes of Java source,
     # half a minute compiling it). Coalescing to more partitions than there are is no
-    # shuffle and no change.
+    # shuffle: partitions may come in another order, never merged, and each line's index
+    # was given below, from its partition in the union.
     return lines(whole.coalesce(_NO_FEWER))
 
 
