@@ -170,17 +170,17 @@ def _hex(digits):
     return F.conv(digits, 16, 10).cast("decimal(21,0)")
 
 
-def _stamp_columns(line):
-    """Columns of the timestamp prefix, each computed once (a later stage reads them by
-    name: an expression repeated in a projection is generated and compiled once per
-    use, and the parser's plan grew to megabytes of Java source): _style, _stamp (the
-    prefix's text) and what each style's time is made of."""
-    style = F.when(line.rlike(_EPOCH), F.lit("epoch")).when(line.rlike(_TAI64N), F.lit("tai64n")) \
+def _stamp_style(line):
+    """The timestamp prefix's style: epoch, tai64n, iso or None, tried in logline's order."""
+    return F.when(line.rlike(_EPOCH), F.lit("epoch")).when(line.rlike(_TAI64N), F.lit("tai64n")) \
         .when(line.rlike(_ISO), F.lit("iso"))
-    return [style.alias("_style")]
 
 
 def _stamp_parts(line):
+    """Columns of what the prefix of each style is made of, each extracted once (a later
+    stage reads them by name: an expression repeated in a projection is generated and
+    compiled at each use): _stamp, the prefix's text; _nsec, a TAI64N label's
+    nanoseconds in decimal; _g1.._g8, an ISO stamp's groups."""
     style = F.col("_style")
     iso_whole = "(?s)^(" + _ISO[len("(?s)^"):] + ")"
     stamp = F.when(style == "epoch", _group(line, _EPOCH, 1)) \
@@ -250,7 +250,7 @@ def lines(df):
     expression repeated (docs/architecture.md "Reading log lines: in Python or in the
     JVM")."""
     line = F.col("line")
-    df = df.select("host", "rank", "index", "line", *_stamp_columns(line))
+    df = df.select("host", "rank", "index", "line", _stamp_style(line).alias("_style"))
     df = df.select("*", *_stamp_parts(line))
     when, length = _timestamp()
     df = df.select("host", "rank", "index", "line", "_style", when.alias("_when"),

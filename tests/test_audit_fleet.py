@@ -205,6 +205,21 @@ def test_command_refuses_a_map_naming_an_address_twice(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+
+def test_command_without_pyarrow_says_so_before_starting_spark(tmp_path):
+    """pyarrow (the spark extra's, which collects the fleet's rows) missing: a clear error,
+    exit 2, nothing written; not a traceback after minutes of auditing."""
+    code = ("import sys; sys.modules['pyarrow'] = None; "
+            "from qmailpy.cli.qmail_audit import main; sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([os.path.join(VENV_BIN, "python"), "-c", code, "--out",
+                           str(tmp_path / "out"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr == ("qmail-audit: pyarrow is not installed "
+                           "(pip install 'qmailpy[spark]')\n")
+    assert not (tmp_path / "out").exists()
+
+
 # --- a real fleet ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

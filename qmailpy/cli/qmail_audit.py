@@ -92,10 +92,11 @@ def main(argv=None, use_existing_master=False):
         print("qmail-audit: %s" % e, file=sys.stderr)
         return 2
     import importlib.util
-    if importlib.util.find_spec("pyspark") is None:
-        print("qmail-audit: pyspark is not installed (pip install 'qmailpy[spark]')",
-              file=sys.stderr)
-        return 2
+    for module in ("pyspark", "pyarrow"):      # the spark extra's
+        if importlib.util.find_spec(module) is None:
+            print("qmail-audit: %s is not installed (pip install 'qmailpy[spark]')" % module,
+                  file=sys.stderr)
+            return 2
     if args.full and not args.incremental:
         print("qmail-audit: --full goes with --incremental", file=sys.stderr)
         return 2
