@@ -392,10 +392,10 @@ def test_futurerelease_is_offered_with_auth_and_taken_after_it(tls_home, certs):
         assert s.command(b"MAIL FROM:<alice@test.example> HOLDFOR=600\r\n") == (
             b"550 sorry, only clients allowed to relay may hold mail (#5.7.1)\r\n")
         assert s.command(b"AUTH PLAIN AGFsaWNlAHMzY3JldA==\r\n") == b"235 ok, go ahead (#2.0.0)\r\n"
+        before = int(time.time())       # HOLDFOR counts from the MAIL command
         assert s.command(b"MAIL FROM:<alice@test.example> HOLDFOR=600\r\n") == b"250 ok\r\n"
         assert s.command(b"RCPT TO:<bob@far.example>\r\n") == b"250 ok\r\n"
         assert s.command(b"DATA\r\n") == b"354 go ahead\r\n"
-        before = int(time.time())
         assert s.command(b"Subject: later\r\n\r\nheld\r\n.\r\n").startswith(b"250 ok ")
         s.command(b"QUIT\r\n")
     [msg] = queued(tls_home)
