@@ -12,6 +12,7 @@ import signal
 import smtplib
 import socket
 import subprocess
+import threading
 
 from queue_view import queued
 
@@ -42,6 +43,28 @@ class SmtpdProcess:
 
     def send(self, data):
         self.client.sendall(data)
+
+    def send_while_reading(self, data):
+        """Sends data from another thread, so that the caller can read the replies meanwhile:
+        a pipelining client must (RFC 2920), or once the replies fill the socket's buffers the
+        server stops reading and both ends wait on each other. Returns finish(), which waits
+        for the last byte to be sent and raises what sending raised."""
+        failed = []
+
+        def send():
+            try:
+                self.client.sendall(data)
+            except OSError as e:
+                failed.append(e)
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+
+        def finish():
+            sender.join(TIMEOUT)
+            assert not sender.is_alive(), "still sending after %d s" % TIMEOUT
+            if failed:
+                raise failed[0]
+        return finish
 
     def _line(self):
         while b"\n" not in self.pending:

@@ -166,14 +166,16 @@ def test_disconnect_mid_data_queues_nothing(qmail_home):
 def test_ten_thousand_pipelined_rcpts(qmail_home):
     rcpts = [b"user%d@test.example" % i for i in range(10000)]
     with start(qmail_home) as s:
-        s.send(b"EHLO c\r\nMAIL FROM:<a@b.example>\r\n"
-               + b"".join(b"RCPT TO:<" + r + b">\r\n" for r in rcpts) + b"DATA\r\n")
+        sent = s.send_while_reading(b"EHLO c\r\nMAIL FROM:<a@b.example>\r\n"
+                                    + b"".join(b"RCPT TO:<" + r + b">\r\n" for r in rcpts)
+                                    + b"DATA\r\n")
         assert s.reply().endswith(b"250 8BITMIME\r\n")
         assert s.reply() == b"250 ok\r\n"
         # the default control/maxrcpt, 1000 (tests/test_queue_limits.py): the rest get 452
         replies = [s.reply() for _ in rcpts]
         assert replies == [b"250 ok\r\n"] * 1000 + [b"452 sorry, too many recipients (#4.5.3)\r\n"] * 9000
         assert s.reply() == b"354 go ahead\r\n"
+        sent()
         assert s.command(b"hi\r\n.\r\n").startswith(b"250 ok ")
     [msg] = queued(qmail_home)
     assert msg.recipients == rcpts[:1000]
