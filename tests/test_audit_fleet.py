@@ -8,7 +8,6 @@ deferred attempt, a loop, a journey ending nowhere) are checked on rows, without
 """
 import json
 import os
-import re
 import subprocess
 
 import pytest
@@ -19,6 +18,7 @@ from fleet_support import (FleetHost, free_port, kill_home, make_null_client, nu
                            remove_queued, shifted_log, wait_file)
 from lspawn_harness import LocalUsers
 from smtpd_support import ListenerProcess
+from qmailpy import logline
 from qmailpy_audit import fleet
 
 COUNT = 3
@@ -352,7 +352,6 @@ def test_fleet_links_every_journey_and_finds_the_lost_hand_off(spark, real_fleet
     assert "Fleet: journeys across hosts" in html and "relay&gt;mx&gt;hub" in html
     # the null client's hand-offs, linked from the hub's side: qmail-qmqpd's lines name the
     # client and the qp that the hub's qmail-send logged for the message
-    from qmailpy import logline
     relay, mx, hub, gone = real_fleet
     with open(hub.qmqpd_log, encoding="utf-8") as f:
         received = [r for r in map(logline.parse_qmqp_from, f) if r is not None]
@@ -428,13 +427,13 @@ def _each_message_deferred(log_text, copies):
     """Whether qmail-send's log shows `copies` messages queued and an attempt of each deferred
     (delivery numbers start again at 1 when qmail-send restarts: each is read in its run)."""
     queued, deferred, attempt_of = [], set(), {}
-    for line in log_text.splitlines():
-        if (m := re.search(r" new msg (\d+)$", line)):
-            queued.append(m.group(1))
-        elif (m := re.search(r" starting delivery (\d+): msg (\d+) ", line)):
-            attempt_of[m.group(1)] = m.group(2)
-        elif (m := re.search(r" delivery (\d+): deferral: ", line)):
-            deferred.add(attempt_of.get(m.group(1)))
+    for event in map(logline.parse, log_text.splitlines()):
+        if event.kind == "new msg":
+            queued.append(event.fields["n"])
+        elif event.kind == "starting delivery":
+            attempt_of[event.fields["d"]] = event.fields["n"]
+        elif event.kind == "delivery" and event.fields["result"] == "deferral":
+            deferred.add(attempt_of.get(event.fields["d"]))
     return len(queued) >= copies and deferred.issuperset(queued)
 
 
